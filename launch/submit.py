@@ -1,0 +1,141 @@
+"""Turn a Config into a submitit executor and a job; follow it when asked."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from launch import runs
+from launch.config import Config, ConfigError, world_size
+from train.metrics import metrics_path, read_records
+
+
+def resolve_backend(name: str) -> str:
+    """`auto` means Slurm where its client is installed and configured, else the local executor."""
+    if name != "auto":
+        return name
+    return "slurm" if shutil.which("sbatch") and _slurm_configured() else "local"
+
+
+def _slurm_configured() -> bool:
+    conf = os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
+    return Path(conf).is_file() or Path("/etc/slurm-llnl/slurm.conf").is_file()
+
+
+def check_local_gpus(cfg: Config) -> None:
+    """On the local backend, refuse to promise GPUs this machine does not have."""
+    import torch
+
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible and cfg.cluster.gpus_per_node > visible:
+        raise ConfigError(
+            f"cluster.gpus_per_node={cfg.cluster.gpus_per_node} but this machine has {visible} "
+            f"GPU(s): set cluster.gpus_per_node={visible}"
+        )
+
+
+def slurm_parameters(cfg: Config, run_name: str) -> dict[str, Any]:
+    """SlurmExecutor parameters; DP is one task holding the node's GPUs, DDP one task per GPU."""
+    c = cfg.cluster
+    tasks = c.gpus_per_node if cfg.mode == "ddp" else 1
+    gpus = {"gpus_per_task": 1} if cfg.mode == "ddp" and c.gpu_binding == "task" else {"gpus_per_node": c.gpus_per_node}
+    optional = {"partition": c.partition, "account": c.account, "qos": c.qos, "constraint": c.constraint}
+    return {
+        "job_name": f"kit-{run_name}",
+        "nodes": c.nodes,
+        "ntasks_per_node": tasks,
+        "cpus_per_task": c.cpus_per_task * (1 if cfg.mode == "ddp" else c.gpus_per_node),
+        "time": c.timeout_min,
+        "signal_delay_s": c.signal_delay_s,
+        "setup": list(c.setup),
+        "srun_args": ["--kill-on-bad-exit=1"],  # one rank failing ends the job, not a hang
+        "additional_parameters": dict(c.sbatch_extra),
+        **gpus,
+        **({"mem": f"{c.mem_gb}GB"} if c.mem_gb else {}),
+        **({"exclusive": True} if c.exclusive else {}),
+        **{k: v for k, v in optional.items() if v},
+    }
+
+
+def make_executor(cfg: Config, run_dir: Path, backend: str) -> submitit.Executor:
+    logs = run_dir / "logs"
+    if backend == "slurm":
+        slurm = submitit.SlurmExecutor(folder=logs, max_num_timeout=0)
+        slurm.update_parameters(**slurm_parameters(cfg, run_dir.name))
+        return slurm
+    local = submitit.LocalExecutor(folder=logs)
+    check_local_gpus(cfg)
+    local.update_parameters(
+        timeout_min=cfg.cluster.timeout_min,
+        tasks_per_node=world_size(cfg),
+        gpus_per_node=_local_gpus(cfg),
+        signal_delay_s=min(cfg.cluster.signal_delay_s, cfg.cluster.timeout_min * 30),
+        setup=list(cfg.cluster.setup),
+    )
+    return local
+
+
+def submit(cfg: Config, command: list[str]) -> tuple[Path, submitit.Job[Any]]:
+    """Create the run folder, then submit the training job into it."""
+    from train.job import run  # imported here: torch is only needed when a job is submitted
+
+    backend = resolve_backend(cfg.cluster.backend)
+    if backend == "slurm" and not shutil.which("sbatch"):
+        raise ConfigError("cluster.backend=slurm but `sbatch` is not on PATH: use cluster.backend=local")
+    if backend == "local" and cfg.cluster.nodes > 1:
+        raise ConfigError(f"the local backend runs on one machine; cluster.nodes={cfg.cluster.nodes} needs Slurm")
+    run_dir = runs.create(cfg, launcher="launch", backend=backend, command=command)
+    executor = make_executor(cfg, run_dir, backend)
+    job = executor.submit(run, str(run_dir))
+    runs.update_meta(run_dir, job_id=str(job.job_id))
+    return run_dir, job
+
+
+def follow(job: submitit.Job[Any], run_dir: Path, say: Callable[[str], None] = print) -> bool:
+    """Print one line per finished epoch until the job ends; then its result or its error."""
+    shown = 0
+    while not job.done():
+        shown = _show_epochs(run_dir, shown, say)
+        time.sleep(1.0)
+    _show_epochs(run_dir, shown, say)
+    try:
+        result = job.results()[0]  # every task must succeed; rank 0 holds the summary
+    except Exception as err:  # submitit re-raises the task's error with its traceback
+        say(f"job {job.job_id} failed: {err}")
+        say(f"logs: {run_dir / 'logs'}")
+        return False
+    say(
+        f"job {job.job_id} done: test accuracy {result['final_test_accuracy']:.2%}, "
+        f"test loss {result['final_test_loss']:.4f}, {result['train_seconds']:.1f} s training"
+    )
+    return True
+
+
+def _show_epochs(run_dir: Path, shown: int, say: Callable[[str], None]) -> int:
+    path = metrics_path(run_dir, 0)
+    if not path.is_file():
+        return shown
+    records, _ = read_records(path)
+    start = next((r for r in records if r["kind"] == "start"), None)
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    for r in epochs[shown:]:
+        world = start["world_size"] if start else 1
+        total = start["epochs"] if start else "?"
+        say(
+            f"epoch {r['epoch']}/{total}: {r['seconds']:.2f} s, "
+            f"{r['samples'] * world / r['seconds']:.0f} samples/s, train loss {r['train_loss']:.4f}, "
+            f"test loss {r['test_loss']:.4f}, accuracy {r['test_accuracy']:.2%}"
+        )
+    return len(epochs)
+
+
+def _local_gpus(cfg: Config) -> int:
+    import torch
+
+    return cfg.cluster.gpus_per_node if torch.cuda.is_available() else 0

@@ -1,0 +1,174 @@
+"""Datasets: real MNIST (fetched on a machine with internet) or the embedded synthetic digits.
+
+Both live in MNIST's IDX layout (ROOT/MNIST/raw/*-ubyte) and are read by torchvision's own MNIST
+reader, so the synthetic default exercises exactly the code path real MNIST takes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+IMAGE_MAGIC, LABEL_MAGIC = 0x00000803, 0x00000801
+FILES = {
+    ("train", "images"): "train-images-idx3-ubyte",
+    ("train", "labels"): "train-labels-idx1-ubyte",
+    ("test", "images"): "t10k-images-idx3-ubyte",
+    ("test", "labels"): "t10k-labels-idx1-ubyte",
+}
+MEAN, STD = 0.1307, 0.3081  # MNIST's pixel statistics, as in pytorch/examples
+
+# 5×7 bitmaps of the digits 0–9: the strokes the synthetic images are drawn from.
+_GLYPHS = [
+    "01110 10001 10011 10101 11001 10001 01110",
+    "00100 01100 00100 00100 00100 00100 01110",
+    "01110 10001 00001 00010 00100 01000 11111",
+    "11111 00010 00100 00010 00001 10001 01110",
+    "00010 00110 01010 10010 11111 00010 00010",
+    "11111 10000 11110 00001 00001 10001 01110",
+    "00110 01000 10000 11110 10001 10001 01110",
+    "11111 00001 00010 00100 01000 01000 01000",
+    "01110 10001 10001 01110 10001 10001 01110",
+    "01110 10001 10001 01111 00001 00010 01100",
+]
+
+
+class DataError(RuntimeError):
+    """The dataset is missing or damaged; the message says how to get a good copy."""
+
+
+def dataset_dir(dataset: str, root: str | Path, seed: int, train_size: int, test_size: int) -> Path:
+    """The folder torchvision's MNIST(root=...) is pointed at."""
+    if dataset == "mnist":
+        return Path(root)
+    return Path(root) / f"synthetic-seed{seed}-{train_size}-{test_size}"
+
+
+def prepare_synthetic(folder: Path, seed: int, train_size: int, test_size: int) -> Path:
+    """Write the synthetic digits once; a folder already there is checked, never rewritten."""
+    if folder.exists():
+        verify(folder, "synthetic")
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=folder.parent))
+    rng = np.random.default_rng(seed)
+    for split, size in (("train", train_size), ("test", test_size)):
+        images, labels = synthetic_digits(size, rng)
+        _write_idx(staging / "MNIST" / "raw", split, images, labels)
+    (staging / "SOURCE.json").write_text(
+        json.dumps({"generator": "train.data.synthetic_digits", "seed": seed, "sizes": [train_size, test_size]})
+    )
+    try:
+        os.rename(staging, folder)  # atomic: concurrent writers of one seed end with one copy
+    except OSError:
+        shutil.rmtree(staging)  # another process won the race; its copy is identical
+    return folder
+
+
+def synthetic_digits(count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST-shaped uint8 images of digits drawn with random pose, thickness and noise."""
+    labels = rng.integers(0, 10, size=count).astype(np.uint8)
+    images = np.empty((count, 28, 28), dtype=np.uint8)
+    for start in range(0, count, 8192):  # chunks keep the float work under ~100 MB
+        chunk = labels[start : start + 8192]
+        images[start : start + len(chunk)] = _draw(chunk, rng)
+    return images, labels
+
+
+def _draw(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    n = len(labels)
+    glyphs = np.array([[list(row) for row in g.split()] for g in _GLYPHS], dtype=np.float32)
+    angle = rng.uniform(-0.3, 0.3, n)
+    scale = rng.uniform(2.4, 3.2, n)  # pixels per glyph cell
+    shear = rng.uniform(-0.3, 0.3, n)
+    shift = rng.uniform(-2.5, 2.5, (n, 2))
+    ys, xs = np.mgrid[0:28, 0:28].astype(np.float32) - 13.5
+    cos, sin = np.cos(angle)[:, None, None], np.sin(angle)[:, None, None]
+    u = (cos * xs + sin * ys - shift[:, 0, None, None]) / scale[:, None, None]
+    v = (-sin * xs + cos * ys - shift[:, 1, None, None]) / scale[:, None, None]
+    u = u + shear[:, None, None] * v
+    col, row = np.floor(u + 2.5).astype(int), np.floor(v + 3.5).astype(int)
+    inside = (col >= 0) & (col < 5) & (row >= 0) & (row < 7)
+    ink = glyphs[labels[:, None, None], row.clip(0, 6), col.clip(0, 4)] * inside
+    ink = _blur(ink, rng.uniform(0.6, 1.4, n))
+    ink = ink * rng.uniform(0.7, 1.0, (n, 1, 1)) + rng.normal(0, 0.08, ink.shape)
+    return (ink.clip(0, 1) * 255).astype(np.uint8)
+
+
+def _blur(ink: np.ndarray, strength: np.ndarray) -> np.ndarray:
+    """A 3×3 smoothing whose weight varies per image: thinner and thicker strokes."""
+    padded = np.pad(ink, ((0, 0), (1, 1), (1, 1)))
+    neighbours = sum(padded[:, 1 + dy : 29 + dy, 1 + dx : 29 + dx] for dy in (-1, 0, 1) for dx in (-1, 0, 1))
+    weight = strength[:, None, None] / 9
+    return np.clip(ink * (1 - weight) + neighbours * weight * 0.9, 0, 1)
+
+
+def _write_idx(raw: Path, split: str, images: np.ndarray, labels: np.ndarray) -> None:
+    raw.mkdir(parents=True, exist_ok=True)
+    header = struct.pack(">IIII", IMAGE_MAGIC, len(images), 28, 28)
+    (raw / FILES[(split, "images")]).write_bytes(header + images.tobytes())
+    (raw / FILES[(split, "labels")]).write_bytes(struct.pack(">II", LABEL_MAGIC, len(labels)) + labels.tobytes())
+
+
+def verify(folder: Path, dataset: str) -> None:
+    """Check all four IDX files exist with a sound header and the size it promises."""
+    raw = folder / "MNIST" / "raw"
+    for (_, kind), name in FILES.items():
+        path = raw / name
+        if not path.is_file():
+            raise DataError(f"{path} is missing. {_fix(folder, dataset)}")
+        expected = _expected_size(path, IMAGE_MAGIC if kind == "images" else LABEL_MAGIC)
+        actual = path.stat().st_size
+        if expected != actual:
+            raise DataError(f"{path} is damaged ({actual} bytes, its header promises {expected}). {_fix(folder, dataset)}")
+
+
+def _expected_size(path: Path, magic: int) -> int | None:
+    with path.open("rb") as f:
+        head = f.read(16 if magic == IMAGE_MAGIC else 8)
+    if len(head) < 8 or struct.unpack(">I", head[:4])[0] != magic:
+        return None
+    if magic == LABEL_MAGIC:
+        return 8 + struct.unpack(">I", head[4:8])[0]
+    n, rows, cols = struct.unpack(">III", head[4:16]) if len(head) == 16 else (0, 0, 0)
+    return 16 + n * rows * cols
+
+
+def _fix(folder: Path, dataset: str) -> str:
+    if dataset == "mnist":
+        return (
+            f"Fetch MNIST on a machine with internet: `python -m train fetch-mnist --root {folder}` "
+            "(compute nodes often have none; copy the folder over if needed)."
+        )
+    return f"Delete {folder} and run again: the synthetic data is rewritten from its seed."
+
+
+def fetch_mnist(root: Path) -> Path:
+    """Download real MNIST into ROOT/MNIST/raw (needs internet) and check it."""
+    from torchvision.datasets import MNIST
+
+    for train in (True, False):
+        MNIST(str(root), train=train, download=True)
+    verify(root, "mnist")
+    return root
+
+
+def load_split(folder: Path, dataset: str, train: bool) -> torch.utils.data.TensorDataset:
+    """Read one split through torchvision's MNIST reader and normalise it once, up front.
+
+    Normalising the whole tensor once equals torchvision's per-sample ToTensor+Normalize, without
+    a PIL round trip per image.
+    """
+    from torchvision.datasets import MNIST
+
+    verify(folder, dataset)
+    split = MNIST(str(folder), train=train, download=False)
+    images = (split.data.unsqueeze(1).float() / 255 - MEAN) / STD
+    return torch.utils.data.TensorDataset(images, split.targets.long())

@@ -1,0 +1,194 @@
+"""Where a process learns its place in the job: one table of environment sources, one function.
+
+Sources, first match wins:
+- torchrun     RANK/LOCAL_RANK/WORLD_SIZE/... set by torch.distributed.run
+- submitit     a task started by submitit (Slurm or local executor): its JobEnvironment
+- slurm        a task started by `srun` inside an sbatch script: raw SLURM_* variables
+- single       none of these: one process alone
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+# Variable names per environment-variable source; submitit is read through its own JobEnvironment.
+SOURCES: dict[str, dict[str, str]] = {
+    "torchrun": {
+        "rank": "RANK",
+        "local_rank": "LOCAL_RANK",
+        "world_size": "WORLD_SIZE",
+        "local_world_size": "LOCAL_WORLD_SIZE",
+        "node_rank": "GROUP_RANK",
+        "job_id": "TORCHELASTIC_RUN_ID",
+        "master_addr": "MASTER_ADDR",
+        "master_port": "MASTER_PORT",
+    },
+    "slurm": {
+        "rank": "SLURM_PROCID",
+        "local_rank": "SLURM_LOCALID",
+        "world_size": "SLURM_NTASKS",
+        "node_rank": "SLURM_NODEID",
+        "job_id": "SLURM_JOB_ID",
+        "nodelist": "SLURM_STEP_NODELIST",
+        "tasks_per_node": "SLURM_STEP_TASKS_PER_NODE",
+    },
+}
+
+
+class DistEnvError(RuntimeError):
+    """The job was started in a way that cannot give each process a consistent place."""
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    job_id: str
+    source: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def export(self) -> None:
+        """Set the variables torch.distributed's env:// initialisation reads."""
+        os.environ.update(
+            RANK=str(self.rank),
+            LOCAL_RANK=str(self.local_rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_WORLD_SIZE=str(self.local_world_size),
+            MASTER_ADDR=self.master_addr,
+            MASTER_PORT=str(self.master_port),
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def detect(environ: Mapping[str, str] | None = None, port: int = 0) -> DistEnv:
+    """Map the environment to a DistEnv; `port` (when not 0) overrides any derived port."""
+    env = os.environ if environ is None else environ
+    source = _which_source(env)
+    found = {
+        "torchrun": _from_torchrun,
+        "submitit": _from_submitit,
+        "slurm": _from_slurm,
+        "single": _single,
+    }[source](env)
+    if port:
+        found["master_port"] = port
+    return DistEnv(source=source, **found)
+
+
+def port_for_job(job_id: str) -> int:
+    """A port in 20000–59999 that differs between jobs whose ids differ by less than 40000."""
+    digits = re.sub(r"\D", "", job_id) or "0"
+    return 20000 + int(digits) % 40000
+
+
+def first_host(nodelist: str) -> str:
+    """First host of a Slurm hostlist: 'node[003-004,010],gpu1' → 'node003'."""
+    match = re.match(r"([^,\[]*)(?:\[([^\]]*)\])?([^,]*)", nodelist)
+    if not match or not match.group(0):
+        raise DistEnvError(f"cannot read the Slurm node list {nodelist!r}")
+    prefix, ranges, suffix = match.groups()
+    if ranges is None:
+        return prefix + suffix
+    return prefix + ranges.split(",")[0].split("-")[0] + suffix
+
+
+def tasks_on_node(tasks_per_node: str, node_rank: int) -> int:
+    """Read Slurm's compressed task counts: '2(x3),1' → [2, 2, 2, 1][node_rank]."""
+    counts: list[int] = []
+    for part in tasks_per_node.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not match:
+            raise DistEnvError(f"cannot read Slurm's tasks per node {tasks_per_node!r}")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts[node_rank]
+
+
+def _which_source(env: Mapping[str, str]) -> str:
+    if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "MASTER_ADDR" in env):
+        return "torchrun"
+    if "SUBMITIT_EXECUTOR" in env:
+        return "submitit"
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
+        return "slurm"
+    return "single"
+
+
+def _read(env: Mapping[str, str], source: str, field: str, default: str | None = None) -> str:
+    name = SOURCES[source][field]
+    value = env.get(name, default)
+    if value is None:
+        raise DistEnvError(f"{name} is not set, but other {source} variables are")
+    return value
+
+
+def _from_torchrun(env: Mapping[str, str]) -> dict[str, object]:
+    world_size = int(_read(env, "torchrun", "world_size"))
+    return {
+        "rank": int(_read(env, "torchrun", "rank")),
+        "local_rank": int(_read(env, "torchrun", "local_rank", "0")),
+        "world_size": world_size,
+        "local_world_size": int(_read(env, "torchrun", "local_world_size", str(world_size))),
+        "node_rank": int(_read(env, "torchrun", "node_rank", "0")),
+        "master_addr": _read(env, "torchrun", "master_addr", "127.0.0.1"),
+        "master_port": int(_read(env, "torchrun", "master_port", "29500")),
+        "job_id": _read(env, "torchrun", "job_id", "torchrun"),
+    }
+
+
+def _from_slurm(env: Mapping[str, str]) -> dict[str, object]:
+    node_rank = int(_read(env, "slurm", "node_rank"))
+    job_id = _read(env, "slurm", "job_id")
+    return {
+        "rank": int(_read(env, "slurm", "rank")),
+        "local_rank": int(_read(env, "slurm", "local_rank")),
+        "world_size": int(_read(env, "slurm", "world_size")),
+        "local_world_size": tasks_on_node(_read(env, "slurm", "tasks_per_node"), node_rank),
+        "node_rank": node_rank,
+        "master_addr": first_host(_read(env, "slurm", "nodelist")),
+        "master_port": port_for_job(job_id),
+        "job_id": job_id,
+    }
+
+
+def _from_submitit(env: Mapping[str, str]) -> dict[str, object]:
+    import submitit  # only inside submitit tasks; keeps `import train.distenv` light
+
+    job = submitit.JobEnvironment()
+    job_id = str(job.job_id)
+    hosts = job.hostnames if env.get("SUBMITIT_EXECUTOR") == "slurm" else ["127.0.0.1"]
+    return {
+        "rank": job.global_rank,
+        "local_rank": job.local_rank,
+        "world_size": job.num_tasks,
+        "local_world_size": job.num_tasks // job.num_nodes,
+        "node_rank": job.node,
+        "master_addr": hosts[0],
+        "master_port": port_for_job(job_id),
+        "job_id": job_id,
+    }
+
+
+def _single(env: Mapping[str, str]) -> dict[str, object]:
+    return {
+        "rank": 0,
+        "local_rank": 0,
+        "world_size": 1,
+        "local_world_size": 1,
+        "node_rank": 0,
+        "master_addr": "127.0.0.1",
+        "master_port": port_for_job(str(os.getpid())),
+        "job_id": env.get("SLURM_JOB_ID", "local"),
+    }

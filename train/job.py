@@ -1,0 +1,323 @@
+"""What runs inside a job: the distributed prologue, data, model wrapping, the loop and its records.
+
+One loop serves every strategy. DP and DDP differ in two places only: how the model is wrapped
+(`_wrap`) and how many processes share the data (the sampler's replicas = the job's world size).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import platform
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
+
+from launch.config import Config, load_saved, per_rank_batch, world_size
+from train import data, distenv
+from train.metrics import MetricsWriter
+from train.model import build
+
+
+class LaunchError(RuntimeError):
+    """The processes of the job do not match its config; the message names the fix."""
+
+
+@dataclass
+class Context:
+    cfg: Config
+    env: distenv.DistEnv
+    device: torch.device
+    gpus: int  # GPUs this process drives (DP: all of the node's; DDP: one; CPU: 0)
+    run_dir: Path
+    metrics: MetricsWriter
+
+
+def run(run_dir: str) -> dict[str, Any]:
+    """Entry point submitted by `launch submit` (and called by `python -m train run`)."""
+    started = process_start_time()
+    folder = Path(run_dir)
+    cfg = load_saved(folder / "config.yaml")
+    env = distenv.detect(port=cfg.dist.port)
+    check_launch(cfg, env)
+    ctx = _setup(cfg, env, folder)
+    try:
+        return _train(ctx, started)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def check_launch(cfg: Config, env: distenv.DistEnv, environ: dict[str, str] | None = None) -> None:
+    """Refuse a job whose process count disagrees with the config, naming the fix."""
+    environ = dict(os.environ) if environ is None else environ
+    expected = world_size(cfg)
+    if env.world_size == expected:
+        return
+    if env.source == "single" and int(environ.get("SLURM_NTASKS", "1")) > 1:
+        raise LaunchError(
+            f"this job has {environ['SLURM_NTASKS']} Slurm tasks but the script started python "
+            "without srun, so only one process runs: start it as `srun python -m train run RUN_DIR`"
+        )
+    if cfg.mode == "dp":
+        raise LaunchError(
+            f"DataParallel drives all GPUs from one process, but {env.world_size} were started: "
+            "run one task (slurm/dp.sbatch, --ntasks-per-node=1) or use --mode ddp"
+        )
+    raise LaunchError(
+        f"DDP expects cluster.nodes × cluster.gpus_per_node = {cfg.cluster.nodes} × "
+        f"{cfg.cluster.gpus_per_node} = {expected} processes, but {env.world_size} were started: "
+        f"start {expected} tasks (one per GPU) or set cluster.gpus_per_node to the GPUs per node"
+    )
+
+
+def process_start_time() -> float:
+    """When this process was created (Linux /proc), so start-up counts interpreter and imports."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        age = float(Path("/proc/uptime").read_text().split()[0]) - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        return time.time() - max(age, 0.0)
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+def _setup(cfg: Config, env: distenv.DistEnv, run_dir: Path) -> Context:
+    device, gpus = _pick_device(cfg, env)
+    torch.set_num_threads(_cpu_threads(env))  # N tasks on shared cores: oversubscription halves speed
+    torch.manual_seed(cfg.train.seed)  # same initial weights everywhere (DDP broadcasts rank 0's anyway)
+    if cfg.mode == "ddp":
+        env.export()
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(
+            backend=_dist_backend(cfg),
+            init_method="env://",
+            timeout=datetime.timedelta(seconds=cfg.dist.timeout_s),
+        )
+    return Context(cfg, env, device, gpus, run_dir, MetricsWriter(run_dir, env.rank))
+
+
+def _pick_device(cfg: Config, env: distenv.DistEnv) -> tuple[torch.device, int]:
+    if not torch.cuda.is_available():
+        if cfg.train.precision == "fp16":
+            raise LaunchError("train.precision=fp16 needs CUDA; on CPU use train.precision=bf16")
+        return torch.device("cpu"), 0
+    visible = torch.cuda.device_count()
+    if cfg.mode == "dp":
+        if cfg.cluster.gpus_per_node > visible:
+            raise LaunchError(
+                f"cluster.gpus_per_node={cfg.cluster.gpus_per_node} but this process sees {visible} "
+                f"GPU(s): set cluster.gpus_per_node={visible} or ask Slurm for more GPUs"
+            )
+        return torch.device("cuda", 0), cfg.cluster.gpus_per_node
+    if visible == 1:  # --gpus-per-task: Slurm shows each task only its own GPU
+        return torch.device("cuda", 0), 1
+    if env.local_world_size > visible:
+        raise LaunchError(
+            f"{env.local_world_size} DDP tasks on this node share {visible} GPUs: ask Slurm for "
+            f"--gpus-per-node={env.local_world_size}, or run {visible} tasks per node"
+        )
+    return torch.device("cuda", env.local_rank), 1
+
+
+def _cpu_threads(env: distenv.DistEnv) -> int:
+    if "SLURM_CPUS_PER_TASK" in os.environ:
+        return max(1, int(os.environ["SLURM_CPUS_PER_TASK"]))
+    return max(1, len(os.sched_getaffinity(0)) // env.local_world_size)
+
+
+def _dist_backend(cfg: Config) -> str:
+    if cfg.dist.backend != "auto":
+        if cfg.dist.backend == "nccl" and not torch.cuda.is_available():
+            raise LaunchError("dist.backend=nccl needs CUDA GPUs; on CPU use dist.backend=gloo (or auto)")
+        return cfg.dist.backend
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _load_data(ctx: Context) -> tuple[TensorDataset, TensorDataset]:
+    d, t = ctx.cfg.data, ctx.cfg.train
+    folder = data.dataset_dir(d.dataset, d.root, t.seed, d.train_size, d.test_size)
+    if d.dataset == "synthetic" and ctx.env.local_rank == 0:
+        data.prepare_synthetic(folder, t.seed, d.train_size, d.test_size)
+    if dist.is_initialized():
+        dist.barrier()  # the other ranks of a node wait for its copy to be written
+    return data.load_split(folder, d.dataset, train=True), data.load_split(folder, d.dataset, train=False)
+
+
+def _wrap(ctx: Context, model: nn.Module) -> nn.Module:
+    if ctx.cfg.mode == "dp":  # without GPUs DataParallel runs the bare module
+        return nn.DataParallel(model, device_ids=list(range(ctx.gpus)) or None)
+    ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def _train(ctx: Context, started: float) -> dict[str, Any]:
+    cfg, env = ctx.cfg, ctx.env
+    train_set, test_set = _load_data(ctx)
+    sampler = DistributedSampler(train_set, env.world_size, env.rank, shuffle=True, seed=cfg.train.seed)
+    loader = _loader(ctx, train_set, per_rank_batch(cfg), sampler)
+    test_loader = _loader(ctx, Subset(test_set, range(env.rank, len(test_set), env.world_size)), 1024)
+    model = _wrap(ctx, build(cfg.model.name, cfg.model.dropout).to(ctx.device))
+    raw_model = model.module
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.train.lr, momentum=cfg.train.momentum)
+    scaler = torch.amp.GradScaler(enabled=cfg.train.precision == "fp16")
+    torch.manual_seed(cfg.train.seed + env.rank)  # different dropout masks per rank
+    ctx.metrics.write("start", **_start_record(ctx, len(train_set), len(test_set)), startup_s=time.time() - started)
+    epochs: list[dict[str, Any]] = []
+    for epoch in range(1, cfg.train.epochs + 1):
+        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+        seconds, samples, train_loss = _train_epoch(ctx, model, loader, optimizer, scaler)
+        eval_start = time.perf_counter()
+        test_loss, accuracy = _evaluate(ctx, model if cfg.mode == "dp" else raw_model, test_loader)
+        record = ctx.metrics.write(
+            "epoch",
+            epoch=epoch,
+            seconds=seconds,
+            samples=samples,
+            samples_per_s=samples / seconds,
+            train_loss=train_loss,
+            test_loss=test_loss,
+            test_accuracy=accuracy,
+            eval_seconds=time.perf_counter() - eval_start,
+        )
+        epochs.append(record)
+        if env.is_main and cfg.train.checkpoint:
+            save_checkpoint(raw_model, ctx.run_dir / "checkpoints" / "model.pt")
+    return _summary(ctx, epochs, started)
+
+
+def _loader(ctx: Context, dataset: Any, batch: int, sampler: Any = None) -> DataLoader:
+    workers = ctx.cfg.data.num_workers
+    return DataLoader(
+        dataset,
+        batch_size=batch,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=ctx.cfg.data.pin_memory and ctx.device.type == "cuda",
+        persistent_workers=workers > 0,
+    )
+
+
+def _autocast(ctx: Context) -> contextlib.AbstractContextManager[Any]:
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(ctx.cfg.train.precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(ctx.device.type, dtype=dtype)
+
+
+def _train_epoch(
+    ctx: Context, model: nn.Module, loader: DataLoader, optimizer: Any, scaler: Any
+) -> tuple[float, int, float]:
+    """One pass over this rank's shard; returns (seconds, samples, mean loss)."""
+    model.train()
+    accum = ctx.cfg.train.grad_accum_steps
+    loss_sum = torch.zeros((), device=ctx.device)
+    samples = 0
+    _synchronize(ctx)
+    start = time.perf_counter()
+    for step, (x, y) in enumerate(loader, start=1):
+        x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
+        last_micro = step % accum == 0 or step == len(loader)
+        # DDP all-reduces gradients only on the last micro-step of an accumulation group.
+        skip_sync = isinstance(model, nn.parallel.DistributedDataParallel) and not last_micro
+        with model.no_sync() if skip_sync else contextlib.nullcontext():  # type: ignore[operator]
+            with _autocast(ctx):
+                loss = F.cross_entropy(model(x), y)
+            scaler.scale(loss / accum).backward()
+        if last_micro:
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+        loss_sum += loss.detach() * len(y)
+        samples += len(y)
+    _synchronize(ctx)  # the clock stops when the GPU work is done, not when it is queued
+    return time.perf_counter() - start, samples, loss_sum.item() / max(samples, 1)
+
+
+@torch.no_grad()
+def _evaluate(ctx: Context, model: nn.Module, loader: DataLoader) -> tuple[float, float]:
+    """Loss and accuracy over the whole test split: each rank scores its shard, then all sum."""
+    model.eval()
+    totals = torch.zeros(3, device=ctx.device, dtype=torch.float64)
+    for x, y in loader:
+        x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
+        with _autocast(ctx):
+            logits = model(x)
+        totals[0] += F.cross_entropy(logits.float(), y, reduction="sum")
+        totals[1] += (logits.argmax(1) == y).sum()
+        totals[2] += len(y)
+    if dist.is_initialized():
+        dist.all_reduce(totals)
+    loss, correct, count = totals.tolist()
+    return loss / count, correct / count
+
+
+def _synchronize(ctx: Context) -> None:
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+
+
+def save_checkpoint(raw_model: nn.Module, path: Path) -> None:
+    """Save the bare model's weights (no `module.` prefix) atomically: a crash leaves the old file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    torch.save(raw_model.state_dict(), partial)
+    os.replace(partial, path)
+
+
+def _start_record(ctx: Context, train_samples: int, test_samples: int) -> dict[str, Any]:
+    cfg, env = ctx.cfg, ctx.env
+    cuda = ctx.device.type == "cuda"
+    return {
+        **{k: v for k, v in env.as_dict().items() if k not in ("master_addr", "master_port", "job_id")},
+        "job_id": env.job_id,
+        "host": socket.gethostname(),
+        "mode": cfg.mode,
+        "backend": dist.get_backend() if dist.is_initialized() else "none",
+        "device": str(ctx.device),
+        "device_name": torch.cuda.get_device_name(ctx.device) if cuda else _cpu_name(),
+        "gpu_count": ctx.gpus,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+        "per_rank_batch": per_rank_batch(cfg),
+        "global_batch": cfg.train.global_batch_size,
+        "epochs": cfg.train.epochs,
+        "precision": cfg.train.precision,
+        "dataset": cfg.data.dataset,
+        "train_samples": train_samples,
+        "test_samples": test_samples,
+    }
+
+
+def _cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"CPU {line.split(':', 1)[1].strip()}"
+    return f"CPU {platform.processor() or platform.machine()}"
+
+
+def _summary(ctx: Context, epochs: list[dict[str, Any]], started: float) -> dict[str, Any]:
+    last = epochs[-1]
+    checkpoint = "checkpoints/model.pt" if ctx.env.is_main and ctx.cfg.train.checkpoint else None
+    return ctx.metrics.write(
+        "summary",
+        epochs=len(epochs),
+        train_seconds=sum(e["seconds"] for e in epochs),
+        total_seconds=time.time() - started,
+        final_test_loss=last["test_loss"],
+        final_test_accuracy=last["test_accuracy"],
+        checkpoint=checkpoint,
+        max_memory_allocated_mb=None,
+        max_memory_reserved_mb=None,
+    )
