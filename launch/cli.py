@@ -10,7 +10,14 @@ from launch.config import Config, ConfigError, load_config, to_yaml
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse stops collecting key=value at the first flag; take the ones that follow flags too.
+    unknown = [e for e in extra if e.startswith("-") or "overrides" not in args]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return int(args.func(args))
     except (ConfigError, FileNotFoundError, RuntimeError, ValueError) as err:
@@ -32,7 +39,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mode", choices=("dp", "ddp"), help="DataParallel or DistributedDataParallel")
+    parser.add_argument(
+        "--mode", choices=("dp", "ddp"), help="DataParallel or DistributedDataParallel"
+    )
     parser.add_argument("--nodes", type=int, help="number of nodes (DDP only above 1)")
     parser.add_argument("--config", dest="config_file", help="YAML file merged over the defaults")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.epochs=3")

@@ -55,7 +55,9 @@ class ClusterConfig:
     backend: str = "auto"  # auto (slurm where sbatch exists) | slurm | local
     nodes: int = 1
     gpus_per_node: int = 4  # on a machine without GPUs: that many CPU (gloo) workers for DDP
-    gpu_binding: str = "node"  # node: --gpus-per-node, task picks LOCAL_RANK | task: --gpus-per-task
+    gpu_binding: str = (
+        "node"  # node: --gpus-per-node, task picks LOCAL_RANK | task: --gpus-per-task
+    )
     cpus_per_task: int = 2
     mem_gb: int = 0  # 0: the partition's default
     timeout_min: int = 60
@@ -214,7 +216,9 @@ def _read_yaml(path: Path) -> DictConfig:
 def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
     for item in overrides:
         if "=" not in item or item.startswith("="):
-            raise ConfigError(f"override {item!r} is not of the form key=value, e.g. train.epochs=3")
+            raise ConfigError(
+                f"override {item!r} is not of the form key=value, e.g. train.epochs=3"
+            )
     try:
         return OmegaConf.from_dotlist(list(overrides))
     except OmegaConfBaseException as err:
@@ -225,7 +229,7 @@ def _check_keys(node: Any, schema: type, prefix: str) -> None:
     """Every key must be a field of its dataclass; the error lists the valid ones."""
     if not isinstance(node, dict):
         return
-    fields = {f.name: f for f in dataclasses.fields(schema)}  # type: ignore[arg-type]
+    fields = {f.name: f for f in dataclasses.fields(schema)}
     hints = typing.get_type_hints(schema)
     for key, value in node.items():
         if key not in fields:
@@ -235,7 +239,7 @@ def _check_keys(node: Any, schema: type, prefix: str) -> None:
 
 
 def _unknown_key_message(full_key: str, key: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(key, valid, n=1)
+    close = [v for v in valid if v.startswith(key)] or difflib.get_close_matches(key, valid, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     return f"unknown setting {full_key!r}.{hint} Valid keys here: {', '.join(valid)}"
 

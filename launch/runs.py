@@ -39,7 +39,9 @@ def create(cfg: Config, launcher: str, backend: str, command: list[str]) -> Path
 def read_meta(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "run.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a run folder (no run.json): pass a folder under runs/")
+        raise FileNotFoundError(
+            f"{run_dir} is not a run folder (no run.json): pass a folder under runs/"
+        )
     meta: dict[str, Any] = json.loads(path.read_text())
     return meta
 

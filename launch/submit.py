@@ -44,8 +44,17 @@ def slurm_parameters(cfg: Config, run_name: str) -> dict[str, Any]:
     """SlurmExecutor parameters; DP is one task holding the node's GPUs, DDP one task per GPU."""
     c = cfg.cluster
     tasks = c.gpus_per_node if cfg.mode == "ddp" else 1
-    gpus = {"gpus_per_task": 1} if cfg.mode == "ddp" and c.gpu_binding == "task" else {"gpus_per_node": c.gpus_per_node}
-    optional = {"partition": c.partition, "account": c.account, "qos": c.qos, "constraint": c.constraint}
+    gpus = (
+        {"gpus_per_task": 1}
+        if cfg.mode == "ddp" and c.gpu_binding == "task"
+        else {"gpus_per_node": c.gpus_per_node}
+    )
+    optional = {
+        "partition": c.partition,
+        "account": c.account,
+        "qos": c.qos,
+        "constraint": c.constraint,
+    }
     return {
         "job_name": f"kit-{run_name}",
         "nodes": c.nodes,
@@ -87,9 +96,13 @@ def submit(cfg: Config, command: list[str]) -> tuple[Path, submitit.Job[Any]]:
 
     backend = resolve_backend(cfg.cluster.backend)
     if backend == "slurm" and not shutil.which("sbatch"):
-        raise ConfigError("cluster.backend=slurm but `sbatch` is not on PATH: use cluster.backend=local")
+        raise ConfigError(
+            "cluster.backend=slurm but `sbatch` is not on PATH: use cluster.backend=local"
+        )
     if backend == "local" and cfg.cluster.nodes > 1:
-        raise ConfigError(f"the local backend runs on one machine; cluster.nodes={cfg.cluster.nodes} needs Slurm")
+        raise ConfigError(
+            f"the local backend runs on one machine; cluster.nodes={cfg.cluster.nodes} needs Slurm"
+        )
     run_dir = runs.create(cfg, launcher="launch", backend=backend, command=command)
     executor = make_executor(cfg, run_dir, backend)
     job = executor.submit(run, str(run_dir))

@@ -63,7 +63,13 @@ def prepare_synthetic(folder: Path, seed: int, train_size: int, test_size: int) 
         images, labels = synthetic_digits(size, rng)
         _write_idx(staging / "MNIST" / "raw", split, images, labels)
     (staging / "SOURCE.json").write_text(
-        json.dumps({"generator": "train.data.synthetic_digits", "seed": seed, "sizes": [train_size, test_size]})
+        json.dumps(
+            {
+                "generator": "train.data.synthetic_digits",
+                "seed": seed,
+                "sizes": [train_size, test_size],
+            }
+        )
     )
     try:
         os.rename(staging, folder)  # atomic: concurrent writers of one seed end with one copy
@@ -105,7 +111,9 @@ def _draw(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def _blur(ink: np.ndarray, strength: np.ndarray) -> np.ndarray:
     """A 3×3 smoothing whose weight varies per image: thinner and thicker strokes."""
     padded = np.pad(ink, ((0, 0), (1, 1), (1, 1)))
-    neighbours = sum(padded[:, 1 + dy : 29 + dy, 1 + dx : 29 + dx] for dy in (-1, 0, 1) for dx in (-1, 0, 1))
+    neighbours = sum(
+        padded[:, 1 + dy : 29 + dy, 1 + dx : 29 + dx] for dy in (-1, 0, 1) for dx in (-1, 0, 1)
+    )
     weight = strength[:, None, None] / 9
     return np.clip(ink * (1 - weight) + neighbours * weight * 0.9, 0, 1)
 
@@ -114,7 +122,9 @@ def _write_idx(raw: Path, split: str, images: np.ndarray, labels: np.ndarray) ->
     raw.mkdir(parents=True, exist_ok=True)
     header = struct.pack(">IIII", IMAGE_MAGIC, len(images), 28, 28)
     (raw / FILES[(split, "images")]).write_bytes(header + images.tobytes())
-    (raw / FILES[(split, "labels")]).write_bytes(struct.pack(">II", LABEL_MAGIC, len(labels)) + labels.tobytes())
+    (raw / FILES[(split, "labels")]).write_bytes(
+        struct.pack(">II", LABEL_MAGIC, len(labels)) + labels.tobytes()
+    )
 
 
 def verify(folder: Path, dataset: str) -> None:
@@ -127,7 +137,9 @@ def verify(folder: Path, dataset: str) -> None:
         expected = _expected_size(path, IMAGE_MAGIC if kind == "images" else LABEL_MAGIC)
         actual = path.stat().st_size
         if expected != actual:
-            raise DataError(f"{path} is damaged ({actual} bytes, its header promises {expected}). {_fix(folder, dataset)}")
+            raise DataError(
+                f"{path} is damaged ({actual} bytes, its header promises {expected}). {_fix(folder, dataset)}"
+            )
 
 
 def _expected_size(path: Path, magic: int) -> int | None:

@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 # Variable names per environment-variable source; submitit is read through its own JobEnvironment.
 SOURCES: dict[str, dict[str, str]] = {
@@ -69,7 +70,7 @@ class DistEnv:
             MASTER_PORT=str(self.master_port),
         )
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -134,7 +135,7 @@ def _read(env: Mapping[str, str], source: str, field: str, default: str | None =
     return value
 
 
-def _from_torchrun(env: Mapping[str, str]) -> dict[str, object]:
+def _from_torchrun(env: Mapping[str, str]) -> dict[str, Any]:
     world_size = int(_read(env, "torchrun", "world_size"))
     return {
         "rank": int(_read(env, "torchrun", "rank")),
@@ -148,7 +149,7 @@ def _from_torchrun(env: Mapping[str, str]) -> dict[str, object]:
     }
 
 
-def _from_slurm(env: Mapping[str, str]) -> dict[str, object]:
+def _from_slurm(env: Mapping[str, str]) -> dict[str, Any]:
     node_rank = int(_read(env, "slurm", "node_rank"))
     job_id = _read(env, "slurm", "job_id")
     return {
@@ -163,7 +164,7 @@ def _from_slurm(env: Mapping[str, str]) -> dict[str, object]:
     }
 
 
-def _from_submitit(env: Mapping[str, str]) -> dict[str, object]:
+def _from_submitit(env: Mapping[str, str]) -> dict[str, Any]:
     import submitit  # only inside submitit tasks; keeps `import train.distenv` light
 
     job = submitit.JobEnvironment()
@@ -181,7 +182,7 @@ def _from_submitit(env: Mapping[str, str]) -> dict[str, object]:
     }
 
 
-def _single(env: Mapping[str, str]) -> dict[str, object]:
+def _single(env: Mapping[str, str]) -> dict[str, Any]:
     return {
         "rank": 0,
         "local_rank": 0,

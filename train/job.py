@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import os
 import platform
 import socket
 import time
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,7 +86,9 @@ def process_start_time() -> float:
     """When this process was created (Linux /proc), so start-up counts interpreter and imports."""
     try:
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        age = float(Path("/proc/uptime").read_text().split()[0]) - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        age = float(Path("/proc/uptime").read_text().split()[0]) - int(fields[19]) / os.sysconf(
+            "SC_CLK_TCK"
+        )
         return time.time() - max(age, 0.0)
     except (OSError, ValueError, IndexError):
         return time.time()
@@ -92,8 +96,12 @@ def process_start_time() -> float:
 
 def _setup(cfg: Config, env: distenv.DistEnv, run_dir: Path) -> Context:
     device, gpus = _pick_device(cfg, env)
-    torch.set_num_threads(_cpu_threads(env))  # N tasks on shared cores: oversubscription halves speed
-    torch.manual_seed(cfg.train.seed)  # same initial weights everywhere (DDP broadcasts rank 0's anyway)
+    torch.set_num_threads(
+        _cpu_threads(env)
+    )  # N tasks on shared cores: oversubscription halves speed
+    torch.manual_seed(
+        cfg.train.seed
+    )  # same initial weights everywhere (DDP broadcasts rank 0's anyway)
     if cfg.mode == "ddp":
         env.export()
         if device.type == "cuda":
@@ -138,7 +146,9 @@ def _cpu_threads(env: distenv.DistEnv) -> int:
 def _dist_backend(cfg: Config) -> str:
     if cfg.dist.backend != "auto":
         if cfg.dist.backend == "nccl" and not torch.cuda.is_available():
-            raise LaunchError("dist.backend=nccl needs CUDA GPUs; on CPU use dist.backend=gloo (or auto)")
+            raise LaunchError(
+                "dist.backend=nccl needs CUDA GPUs; on CPU use dist.backend=gloo (or auto)"
+            )
         return cfg.dist.backend
     return "nccl" if torch.cuda.is_available() else "gloo"
 
@@ -150,7 +160,9 @@ def _load_data(ctx: Context) -> tuple[TensorDataset, TensorDataset]:
         data.prepare_synthetic(folder, t.seed, d.train_size, d.test_size)
     if dist.is_initialized():
         dist.barrier()  # the other ranks of a node wait for its copy to be written
-    return data.load_split(folder, d.dataset, train=True), data.load_split(folder, d.dataset, train=False)
+    return data.load_split(folder, d.dataset, train=True), data.load_split(
+        folder, d.dataset, train=False
+    )
 
 
 def _wrap(ctx: Context, model: nn.Module) -> nn.Module:
@@ -163,15 +175,23 @@ def _wrap(ctx: Context, model: nn.Module) -> nn.Module:
 def _train(ctx: Context, started: float) -> dict[str, Any]:
     cfg, env = ctx.cfg, ctx.env
     train_set, test_set = _load_data(ctx)
-    sampler = DistributedSampler(train_set, env.world_size, env.rank, shuffle=True, seed=cfg.train.seed)
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        train_set, env.world_size, env.rank, shuffle=True, seed=cfg.train.seed
+    )
     loader = _loader(ctx, train_set, per_rank_batch(cfg), sampler)
-    test_loader = _loader(ctx, Subset(test_set, range(env.rank, len(test_set), env.world_size)), 1024)
+    test_loader = _loader(
+        ctx, Subset(test_set, range(env.rank, len(test_set), env.world_size)), 1024
+    )
     model = _wrap(ctx, build(cfg.model.name, cfg.model.dropout).to(ctx.device))
-    raw_model = model.module
+    raw_model = typing.cast(nn.Module, model.module)  # the bare model inside DP/DDP
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.train.lr, momentum=cfg.train.momentum)
     scaler = torch.amp.GradScaler(enabled=cfg.train.precision == "fp16")
     torch.manual_seed(cfg.train.seed + env.rank)  # different dropout masks per rank
-    ctx.metrics.write("start", **_start_record(ctx, len(train_set), len(test_set)), startup_s=time.time() - started)
+    ctx.metrics.write(
+        "start",
+        **_start_record(ctx, len(train_set), len(test_set)),
+        startup_s=time.time() - started,
+    )
     epochs: list[dict[str, Any]] = []
     for epoch in range(1, cfg.train.epochs + 1):
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
@@ -192,7 +212,7 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
         epochs.append(record)
         if env.is_main and cfg.train.checkpoint:
             save_checkpoint(raw_model, ctx.run_dir / "checkpoints" / "model.pt")
-    return _summary(ctx, epochs, started)
+    return _summary(ctx, epochs, started, raw_model)
 
 
 def _loader(ctx: Context, dataset: Any, batch: int, sampler: Any = None) -> DataLoader:
@@ -278,7 +298,11 @@ def _start_record(ctx: Context, train_samples: int, test_samples: int) -> dict[s
     cfg, env = ctx.cfg, ctx.env
     cuda = ctx.device.type == "cuda"
     return {
-        **{k: v for k, v in env.as_dict().items() if k not in ("master_addr", "master_port", "job_id")},
+        **{
+            k: v
+            for k, v in env.as_dict().items()
+            if k not in ("master_addr", "master_port", "job_id")
+        },
         "job_id": env.job_id,
         "host": socket.gethostname(),
         "mode": cfg.mode,
@@ -307,7 +331,18 @@ def _cpu_name() -> str:
     return f"CPU {platform.processor() or platform.machine()}"
 
 
-def _summary(ctx: Context, epochs: list[dict[str, Any]], started: float) -> dict[str, Any]:
+def parameters_sha256(model: nn.Module) -> str:
+    """A fingerprint of the weights: DDP replicas that stayed in sync have the same one."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _summary(
+    ctx: Context, epochs: list[dict[str, Any]], started: float, raw_model: nn.Module
+) -> dict[str, Any]:
     last = epochs[-1]
     checkpoint = "checkpoints/model.pt" if ctx.env.is_main and ctx.cfg.train.checkpoint else None
     return ctx.metrics.write(
@@ -318,6 +353,7 @@ def _summary(ctx: Context, epochs: list[dict[str, Any]], started: float) -> dict
         final_test_loss=last["test_loss"],
         final_test_accuracy=last["test_accuracy"],
         checkpoint=checkpoint,
+        parameters_sha256=parameters_sha256(raw_model),
         max_memory_allocated_mb=None,
         max_memory_reserved_mb=None,
     )

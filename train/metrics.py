@@ -40,7 +40,9 @@ def read_records(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
             problems.append(f"{path}:{number}: unreadable line skipped (job killed mid-write?)")
             continue
         if record.get("schema") != SCHEMA:
-            problems.append(f"{path}:{number}: schema {record.get('schema')} skipped (this kit reads {SCHEMA})")
+            problems.append(
+                f"{path}:{number}: schema {record.get('schema')} skipped (this kit reads {SCHEMA})"
+            )
             continue
         records.append(record)
     return records, problems

@@ -1,0 +1,32 @@
+# The two commands of the kit: `make demo` and `make test`. Each does its own set-up.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# The demo: the article's workload through the same code path, on a slice small enough for a laptop.
+DEMO_ROOT := runs/demo-$(shell date -u +%Y%m%d-%H%M%S)
+DEMO_SETTINGS := cluster.backend=local data.train_size=12000 data.test_size=2000 train.epochs=3 output.root=$(DEMO_ROOT)
+
+.PHONY: demo test lint slurm-packages
+
+demo: $(STAMP)
+	$(PY) -m launch submit --mode dp --nodes 1 $(DEMO_SETTINGS) --wait
+	$(PY) -m launch submit --mode ddp --nodes 1 $(DEMO_SETTINGS) --wait
+	$(PY) -m analysis summarize $(DEMO_ROOT) --plot $(DEMO_ROOT)/comparison.png
+
+test: $(STAMP) slurm-packages lint
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+slurm-packages:
+	bash slurm/testcluster/install.sh
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --editable '.[dev]'
+	touch $(STAMP)

@@ -1,0 +1,38 @@
+"""Run the kit's own commands the way a user does: a real process, its output and exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Tiny but real: every figure and file of a full run, in seconds on a 2-core machine.
+SMALL = ["data.train_size=1024", "data.test_size=256", "train.epochs=2", "cluster.timeout_min=10"]
+
+
+def kit(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`python -m <args>` in a fresh interpreter, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=cwd or REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_folder(stdout: str) -> Path:
+    """The run folder `launch submit` printed."""
+    line = next(line for line in stdout.splitlines() if line.startswith("run folder: "))
+    return Path(line.removeprefix("run folder: "))
+
+
+def records(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
+    path = run_dir / "metrics" / f"rank-{rank:05d}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]

@@ -1,0 +1,78 @@
+"""The config: the article's defaults, the merge order, and every validation error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kit import kit
+
+from launch.config import ConfigError, load_config, per_rank_batch, world_size
+
+
+def test_defaults_are_the_articles() -> None:
+    cfg = load_config()
+    assert (cfg.train.global_batch_size, cfg.train.epochs, cfg.train.lr) == (512, 10, 0.01)
+    assert (cfg.model.name, cfg.cluster.gpus_per_node, cfg.mode) == ("convnet", 4, "ddp")
+    assert (world_size(cfg), per_rank_batch(cfg)) == (4, 128)
+
+
+def test_file_then_overrides_then_flags(tmp_path: Path) -> None:
+    file = tmp_path / "exp.yaml"
+    file.write_text("train:\n  epochs: 3\n  lr: 0.1\ncluster:\n  nodes: 1\n")
+    cfg = load_config(file, ["train.lr=0.05"], mode="dp")
+    assert (cfg.train.epochs, cfg.train.lr, cfg.mode) == (3, 0.05, "dp")
+    assert per_rank_batch(cfg) == 512  # DP: one process takes the whole batch
+    assert load_config(file, ["cluster.nodes=1"], nodes=2).cluster.nodes == 2
+
+
+def test_nested_lists_and_free_sbatch_options() -> None:
+    cfg = load_config(overrides=['cluster.setup=["module load cuda"]', "cluster.sbatch_extra.mail-type=END"])
+    assert cfg.cluster.setup == ["module load cuda"]
+    assert cfg.cluster.sbatch_extra == {"mail-type": "END"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["train.epoch=3"], "unknown setting 'train.epoch'. Did you mean 'epochs'? Valid keys here: checkpoint, epochs,"),
+        (["trian.epochs=3"], "Did you mean 'train'?"),
+        (["train.epochs=three"], "'train.epochs' has the wrong type"),
+        (["cluster.backend=slrum"], "cluster.backend='slrum' is not valid; choose one of: auto, slurm, local"),
+        (["train.epochs=0"], "train.epochs=0 must be at least 1"),
+        (["train.global_batch_size=510"], "use a multiple of 4, e.g. train.global_batch_size=512"),
+        (["train.grad_accum_steps=3"], "4 rank(s) × 3 accumulation step(s)"),
+        (["mode=dp", "cluster.nodes=2"], "use --mode ddp for several nodes, or --nodes 1"),
+        (["train.epochs"], "is not of the form key=value"),
+    ],
+)
+def test_bad_settings_name_the_fix(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=None) as err:
+        load_config(overrides=overrides)
+    assert message in str(err.value)
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("train: [epochs: 3\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(broken)
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("cluster:\n  gpus: 4\n")
+    with pytest.raises(ConfigError, match="unknown setting 'cluster.gpus'. Did you mean 'gpus_per_node'"):
+        load_config(unknown)
+
+
+def test_config_command_prints_resolved_yaml() -> None:
+    done = kit("launch", "config", "--mode", "dp", "train.epochs=3")
+    assert done.returncode == 0, done.stderr
+    assert "mode: dp\n" in done.stdout and "  epochs: 3\n" in done.stdout
+    assert "  global_batch_size: 512\n" in done.stdout
+
+
+def test_config_command_error_exit_code() -> None:
+    done = kit("launch", "config", "train.epoch=3")
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: unknown setting 'train.epoch'")

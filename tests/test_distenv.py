@@ -1,0 +1,90 @@
+"""Mapping each launcher's environment to RANK/LOCAL_RANK/WORLD_SIZE/... and refusing bad launches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import submitit
+
+from launch.config import load_config
+from train.distenv import DistEnv, detect, first_host, port_for_job, tasks_on_node
+from train.job import LaunchError, check_launch
+
+# What a real `srun -N2 -n4` sets for its third task (node 1, local rank 0).
+SRUN_TASK_2 = {
+    "SLURM_PROCID": "2",
+    "SLURM_LOCALID": "0",
+    "SLURM_NTASKS": "4",
+    "SLURM_NODEID": "1",
+    "SLURM_JOB_ID": "1234",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_NODELIST": "127.0.0.[11-12]",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+}
+
+
+def test_slurm_srun_task() -> None:
+    env = detect(SRUN_TASK_2)
+    assert env == DistEnv(2, 0, 4, 2, 1, "127.0.0.11", port_for_job("1234"), "1234", "slurm")
+
+
+def test_torchrun_wins_over_slurm() -> None:
+    torchrun = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"}
+    env = detect({**SRUN_TASK_2, **torchrun, "MASTER_ADDR": "n1", "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "x"})
+    assert (env.source, env.rank, env.local_rank, env.world_size, env.local_world_size) == ("torchrun", 3, 1, 8, 2)
+    assert (env.node_rank, env.master_addr, env.master_port) == (1, "n1", 29400)
+
+
+def test_batch_script_without_srun_is_single() -> None:
+    batch = {k: v for k, v in SRUN_TASK_2.items() if k != "SLURM_STEP_ID"}
+    assert detect(batch).source == "single"
+
+
+def test_explicit_port_wins() -> None:
+    assert detect(SRUN_TASK_2, port=31000).master_port == 31000
+
+
+def test_ports_of_neighbouring_jobs_differ() -> None:
+    ports = {port_for_job(str(job)) for job in range(5000, 5100)}
+    assert len(ports) == 100 and all(20000 <= p < 60000 for p in ports)
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "host"),
+    [("127.0.0.[11-12]", "127.0.0.11"), ("gpu[003-004,010],cpu1", "gpu003"), ("a1,b2", "a1"), ("n7", "n7")],
+)
+def test_first_host(nodelist: str, host: str) -> None:
+    assert first_host(nodelist) == host
+
+
+def test_tasks_on_node() -> None:
+    assert [tasks_on_node("2(x3),1", n) for n in range(4)] == [2, 2, 2, 1]
+
+
+def test_submitit_local_tasks(tmp_path: Path) -> None:
+    """A real LocalExecutor job with two tasks: each learns its own place."""
+    executor = submitit.LocalExecutor(folder=tmp_path)
+    executor.update_parameters(tasks_per_node=2, timeout_min=2)
+    envs = executor.submit(detect).results()
+    assert [(e.rank, e.local_rank, e.world_size, e.local_world_size) for e in envs] == [(0, 0, 2, 2), (1, 1, 2, 2)]
+    assert {e.source for e in envs} == {"submitit"}
+    assert envs[0].master_port == envs[1].master_port  # both derive it from the one job id
+
+
+def test_script_started_without_srun_names_the_fix() -> None:
+    cfg = load_config()
+    batch = {k: v for k, v in SRUN_TASK_2.items() if k != "SLURM_STEP_ID"}
+    with pytest.raises(LaunchError, match="without srun.*`srun python -m train run RUN_DIR`"):
+        check_launch(cfg, detect(batch), environ=batch)
+
+
+def test_ddp_task_count_must_match_gpus() -> None:
+    cfg = load_config(overrides=["cluster.gpus_per_node=2"])  # expects 2, srun started 4
+    with pytest.raises(LaunchError, match="expects .* = 2 processes, but 4 were started"):
+        check_launch(cfg, detect(SRUN_TASK_2), environ=SRUN_TASK_2)
+
+
+def test_dp_refuses_several_processes() -> None:
+    with pytest.raises(LaunchError, match="DataParallel drives all GPUs from one process"):
+        check_launch(load_config(mode="dp"), detect(SRUN_TASK_2), environ=SRUN_TASK_2)

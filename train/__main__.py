@@ -1,0 +1,85 @@
+"""`python -m train …`: what a job runs (`run`), and the data commands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from launch.config import ConfigError
+    from train.data import DataError
+    from train.distenv import DistEnvError
+    from train.job import LaunchError
+
+    try:
+        return int(args.func(args))
+    except (ConfigError, DataError, DistEnvError, LaunchError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m train", description=__doc__)
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+    run = commands.add_parser(
+        "run", help="train into RUN_DIR (start one process per task with srun)"
+    )
+    run.add_argument("run_dir", type=Path, help="a run folder holding config.yaml")
+    run.set_defaults(func=_run)
+    prepare = commands.add_parser(
+        "prepare-data", help="write the synthetic dataset the config names"
+    )
+    prepare.add_argument("--config", dest="config_file", help="YAML file merged over the defaults")
+    prepare.add_argument("overrides", nargs="*", metavar="key=value")
+    prepare.set_defaults(func=_prepare)
+    fetch = commands.add_parser("fetch-mnist", help="download real MNIST (needs internet)")
+    fetch.add_argument("--root", type=Path, default=Path("data"), help="data.root of the runs")
+    fetch.set_defaults(func=_fetch)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from train.job import run
+
+    summary = run(str(args.run_dir))
+    print(f"rank {summary['rank']}: test accuracy {summary['final_test_accuracy']:.2%}")
+    return 0
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from launch.config import load_config
+    from train import data
+
+    cfg = load_config(args.config_file, args.overrides)
+    d = cfg.data
+    if d.dataset != "synthetic":
+        data.verify(Path(d.root), d.dataset)
+        print(f"{d.root}: MNIST is in place")
+        return 0
+    folder = data.dataset_dir(d.dataset, d.root, cfg.train.seed, d.train_size, d.test_size)
+    print(
+        f"synthetic digits in {data.prepare_synthetic(folder, cfg.train.seed, d.train_size, d.test_size)}"
+    )
+    return 0
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from train.data import fetch_mnist
+
+    try:
+        print(f"MNIST in {fetch_mnist(args.root)}")
+    except OSError as err:  # no route to the download mirrors
+        print(
+            f"error: could not download MNIST ({err}); run this on a machine with internet",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
