@@ -1,11 +1,14 @@
-"""`python -m launch …`: config, submit (and the job-operation commands)."""
+"""`python -m launch …`: resolve configs, submit runs and sweeps, and operate their jobs."""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+from launch import runs
 from launch.config import Config, ConfigError, load_config, to_yaml
 
 
@@ -28,13 +31,49 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m launch", description=__doc__)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
-    config = commands.add_parser("config", help="print the resolved config as YAML")
-    _add_config_arguments(config)
-    config.set_defaults(func=_config)
-    submit = commands.add_parser("submit", help="create a run folder and submit the training job")
-    _add_config_arguments(submit)
+
+    def command(
+        name: str, func: object, text: str, config: bool = False
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=text, description=text)
+        sub.set_defaults(func=func)
+        if config:
+            _add_config_arguments(sub)
+        return sub
+
+    command("config", _config, "print the resolved config as YAML", config=True)
+    submit = command(
+        "submit", _submit, "create a run folder and submit the training job", config=True
+    )
     submit.add_argument("--wait", action="store_true", help="follow the job, one line per epoch")
-    submit.set_defaults(func=_submit)
+    submit.add_argument(
+        "--dry-run", action="store_true", help="print the batch script and parameters only"
+    )
+    sweep = command("sweep", _sweep, "submit a grid of runs as one Slurm array", config=True)
+    sweep.add_argument("--modes", default="dp,ddp", help="comma-separated modes (default: dp,ddp)")
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="a setting to vary; repeatable",
+    )
+    prepare = command(
+        "prepare",
+        _prepare,
+        "create a run folder for an sbatch script and print its path",
+        config=True,
+    )
+    prepare.add_argument("--launcher", default="sbatch", help=argparse.SUPPRESS)
+    status = command(
+        "status", _status, "show each run's job, state, nodes, elapsed time and last epoch"
+    )
+    _add_run_arguments(status, many=True)
+    cancel = command("cancel", _cancel, "cancel a run's job")
+    _add_run_arguments(cancel, many=False)
+    logs = command("logs", _logs, "print a run's log for one rank")
+    _add_run_arguments(logs, many=False)
+    logs.add_argument("--rank", type=int, default=0, help="which rank's log (default 0)")
     return parser
 
 
@@ -47,8 +86,22 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.epochs=3")
 
 
-def _resolve(args: argparse.Namespace) -> Config:
-    return load_config(args.config_file, args.overrides, mode=args.mode, nodes=args.nodes)
+def _add_run_arguments(parser: argparse.ArgumentParser, many: bool) -> None:
+    if many:
+        parser.add_argument(
+            "runs", nargs="*", type=Path, help="run folders (default: all under --root)"
+        )
+    else:
+        parser.add_argument("run", type=Path, help="a run folder")
+    parser.add_argument(
+        "--root", type=Path, default=Path("runs"), help="output root (default: runs)"
+    )
+
+
+def _resolve(args: argparse.Namespace, *extra: str) -> Config:
+    return load_config(
+        args.config_file, [*args.overrides, *extra], mode=args.mode, nodes=args.nodes
+    )
 
 
 def _config(args: argparse.Namespace) -> int:
@@ -57,11 +110,79 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from launch.submit import follow, submit
+    from launch.submit import dry_run, follow, submit
 
-    run_dir, job = submit(_resolve(args), command=["python", "-m", "launch", *sys.argv[1:]])
+    cfg = _resolve(args)
+    if args.dry_run:
+        print(dry_run(cfg), end="")
+        return 0
+    run_dir, job = submit(cfg, command=["python", "-m", "launch", *sys.argv[1:]])
     print(f"submitted job {job.job_id}")
     print(f"run folder: {run_dir}")
     if args.wait:
         return 0 if follow(job, run_dir) else 1
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from launch.submit import sweep
+
+    cfgs = [
+        _resolve(args, f"mode={mode}", *point)
+        for mode in args.modes.split(",")
+        for point in _grid(args.grid)
+    ]
+    for run_dir, job in sweep(cfgs, command=["python", "-m", "launch", *sys.argv[1:]]):
+        print(f"submitted job {job.job_id}  run folder: {run_dir}")
+    return 0
+
+
+def _grid(items: list[str]) -> list[tuple[str, ...]]:
+    """['a=1,2', 'b=x'] → [('a=1', 'b=x'), ('a=2', 'b=x')]"""
+    axes = []
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or not values:
+            raise ConfigError(
+                f"--grid {item!r} is not of the form key=v1,v2, e.g. train.global_batch_size=256,512"
+            )
+        axes.append([f"{key}={v}" for v in values.split(",")])
+    return list(itertools.product(*axes))
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    import os
+
+    cfg = _resolve(args)
+    run_dir = runs.create(cfg, launcher=args.launcher, backend="slurm", command=sys.argv)
+    runs.update_meta(run_dir, job_id=os.environ.get("SLURM_JOB_ID"))
+    print(run_dir)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from launch.jobs import HEADER, format_table, status
+
+    folders = args.runs or runs.find_runs(args.root)
+    if not folders:
+        raise FileNotFoundError(
+            f"no runs under {args.root}: submit one with `python -m launch submit`"
+        )
+    print(format_table([HEADER, *(status(f).row() for f in folders)]))
+    return 0
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    from launch.jobs import cancel
+
+    print(cancel(args.run))
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from launch.jobs import log_files
+
+    for path in log_files(args.run, args.rank):
+        print(f"==> {path} <==")
+        print(path.read_text(errors="replace"), end="")
     return 0

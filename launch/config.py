@@ -87,6 +87,7 @@ class OutputConfig:
 @dataclass
 class Config:
     mode: str = "ddp"  # dp | ddp
+    task: str = "train"  # train | largest_batch (search the largest global batch that fits)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -97,6 +98,7 @@ class Config:
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "mode": ("dp", "ddp"),
+    "task": ("train", "largest_batch"),
     "train.precision": ("fp32", "bf16", "fp16"),
     "data.dataset": ("synthetic", "mnist"),
     "model.name": ("convnet",),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -123,11 +124,22 @@ def follow(job: submitit.Job[Any], run_dir: Path, say: Callable[[str], None] = p
         say(f"job {job.job_id} failed: {err}")
         say(f"logs: {run_dir / 'logs'}")
         return False
-    say(
-        f"job {job.job_id} done: test accuracy {result['final_test_accuracy']:.2%}, "
-        f"test loss {result['final_test_loss']:.4f}, {result['train_seconds']:.1f} s training"
-    )
+    say(f"job {job.job_id} done: {_result_words(result)}")
     return True
+
+
+def _result_words(result: dict[str, Any]) -> str:
+    if "largest_global_batch" in result:
+        largest = result["largest_global_batch"]
+        return (
+            f"largest global batch that fits: {largest} (within 5 %)"
+            if largest
+            else "largest batch not measured (no GPU)"
+        )
+    return (
+        f"test accuracy {result['final_test_accuracy']:.2%}, test loss {result['final_test_loss']:.4f}, "
+        f"{result['train_seconds']:.1f} s training"
+    )
 
 
 def _show_epochs(run_dir: Path, shown: int, say: Callable[[str], None]) -> int:
@@ -152,3 +164,68 @@ def _local_gpus(cfg: Config) -> int:
     import torch
 
     return cfg.cluster.gpus_per_node if torch.cuda.is_available() else 0
+
+
+def dry_run(cfg: Config) -> str:
+    """The parameters and, on Slurm, the exact batch script `submit` would send; nothing is created."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    backend = resolve_backend(cfg.cluster.backend)
+    logs = f"{Path(cfg.output.root).resolve()}/<new run folder>/logs"
+    if backend == "local":
+        tasks = world_size(cfg)
+        return f"backend: local (submitit LocalExecutor)\ntasks: {tasks}\ntimeout_min: {cfg.cluster.timeout_min}\nlogs: {logs}\n"
+    params = slurm_parameters(cfg, "<new run folder>")
+    command = f"{sys.executable} -u -m submitit.core._submit {logs}"
+    script = _make_sbatch_string(command=command, folder=logs, **params)
+    lines = [f"  {k}: {v}" for k, v in sorted(params.items())]
+    return (
+        "backend: slurm (submitit SlurmExecutor)\nparameters:\n"
+        + "\n".join(lines)
+        + "\n\n"
+        + script
+    )
+
+
+def sweep(cfgs: list[Config], command: list[str]) -> list[tuple[Path, submitit.Job[Any]]]:
+    """Submit a grid of configs as one Slurm array (locally: one job after another)."""
+    from train.job import run_array_element
+
+    backend = resolve_backend(cfgs[0].cluster.backend)
+    if backend == "local":
+        return [submit(cfg, command) for cfg in cfgs]
+    shape = _array_shape(cfgs)
+    run_dirs = [
+        runs.create(cfg, launcher="launch sweep", backend=backend, command=command) for cfg in cfgs
+    ]
+    executor = submitit.SlurmExecutor(
+        folder=run_dirs[0].parent / "sweeps" / run_dirs[0].name, max_num_timeout=0
+    )
+    executor.update_parameters(**slurm_parameters(shape, f"sweep-{run_dirs[0].name}"))
+    jobs = executor.map_array(run_array_element, [str(d) for d in run_dirs])
+    for run_dir, job in zip(run_dirs, jobs, strict=True):
+        runs.update_meta(run_dir, job_id=str(job.job_id))
+        _link_logs(run_dir, Path(executor.folder))
+    return list(zip(run_dirs, jobs, strict=True))
+
+
+def _array_shape(cfgs: list[Config]) -> Config:
+    """One allocation fits every element: the DDP shape (DP elements use task 0 alone)."""
+    shapes = {(c.cluster.nodes, c.cluster.gpus_per_node, c.cluster.gpu_binding) for c in cfgs}
+    if len(shapes) > 1:
+        raise ConfigError(
+            f"a sweep's elements must share nodes, GPUs per node and binding; got {sorted(shapes)}"
+        )
+    ddp = next((c for c in cfgs if c.mode == "ddp"), cfgs[0])
+    if any(c.mode == "dp" for c in cfgs) and ddp.cluster.gpu_binding == "task":
+        raise ConfigError(
+            "a sweep with DP needs cluster.gpu_binding=node: DP's task must see all GPUs"
+        )
+    return ddp
+
+
+def _link_logs(run_dir: Path, array_logs: Path) -> None:
+    """Array logs live in one folder; each run folder points at it so `launch logs` finds them."""
+    link = run_dir / "logs"
+    if not link.exists():
+        link.symlink_to(array_logs, target_is_directory=True)

@@ -7,6 +7,7 @@ One loop serves every strategy. DP and DDP differ in two places only: how the mo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import hashlib
 import os
@@ -26,6 +27,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDatas
 
 from launch.config import Config, load_saved, per_rank_batch, world_size
 from train import data, distenv
+from train.gpustats import GpuSampler
 from train.metrics import MetricsWriter
 from train.model import build
 
@@ -47,13 +49,31 @@ class Context:
 def run(run_dir: str) -> dict[str, Any]:
     """Entry point submitted by `launch submit` (and called by `python -m train run`)."""
     started = process_start_time()
-    folder = Path(run_dir)
-    cfg = load_saved(folder / "config.yaml")
+    cfg = load_saved(Path(run_dir) / "config.yaml")
+    return _run(cfg, distenv.detect(port=cfg.dist.port), Path(run_dir), started)
+
+
+def run_array_element(run_dir: str) -> dict[str, Any] | None:
+    """Entry point of a sweep's array element.
+
+    An array gives all its elements the same tasks per node (the DDP count); a DP element trains
+    in task 0 alone and the other tasks end at once.
+    """
+    started = process_start_time()
+    cfg = load_saved(Path(run_dir) / "config.yaml")
     env = distenv.detect(port=cfg.dist.port)
+    if cfg.mode == "dp" and env.world_size > 1:
+        if env.rank != 0:
+            return None
+        env = dataclasses.replace(env, world_size=1, local_world_size=1)
+    return _run(cfg, env, Path(run_dir), started)
+
+
+def _run(cfg: Config, env: distenv.DistEnv, run_dir: Path, started: float) -> dict[str, Any]:
     check_launch(cfg, env)
-    ctx = _setup(cfg, env, folder)
+    ctx = _setup(cfg, env, run_dir)
     try:
-        return _train(ctx, started)
+        return _largest_batch(ctx, started) if cfg.task == "largest_batch" else _train(ctx, started)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -187,6 +207,7 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.train.lr, momentum=cfg.train.momentum)
     scaler = torch.amp.GradScaler(enabled=cfg.train.precision == "fp16")
     torch.manual_seed(cfg.train.seed + env.rank)  # different dropout masks per rank
+    gpus = GpuSampler(_driven_gpus(ctx))
     ctx.metrics.write(
         "start",
         **_start_record(ctx, len(train_set), len(test_set)),
@@ -195,16 +216,15 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
     epochs: list[dict[str, Any]] = []
     for epoch in range(1, cfg.train.epochs + 1):
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        seconds, samples, train_loss = _train_epoch(ctx, model, loader, optimizer, scaler)
+        gpus.resume()
+        figures = _train_epoch(ctx, model, loader, optimizer, scaler)
+        gpus.pause()
         eval_start = time.perf_counter()
         test_loss, accuracy = _evaluate(ctx, model if cfg.mode == "dp" else raw_model, test_loader)
         record = ctx.metrics.write(
             "epoch",
             epoch=epoch,
-            seconds=seconds,
-            samples=samples,
-            samples_per_s=samples / seconds,
-            train_loss=train_loss,
+            **figures,
             test_loss=test_loss,
             test_accuracy=accuracy,
             eval_seconds=time.perf_counter() - eval_start,
@@ -212,7 +232,37 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
         epochs.append(record)
         if env.is_main and cfg.train.checkpoint:
             save_checkpoint(raw_model, ctx.run_dir / "checkpoints" / "model.pt")
-    return _summary(ctx, epochs, started, raw_model)
+    gpus.close()
+    return _summary(ctx, epochs, started, raw_model, gpus)
+
+
+def _largest_batch(ctx: Context, started: float) -> dict[str, Any]:
+    """The largest-batch job: no data, no epochs; real steps at growing batch sizes (GPU only)."""
+    from train import maxbatch
+
+    ctx.metrics.write("start", **_start_record(ctx, 0, 0), startup_s=time.time() - started)
+    largest: int | None = (
+        None  # on CPU host memory is not what the comparison is about: not measured
+    )
+    trials: list[dict[str, Any]] = []
+    if ctx.device.type == "cuda":
+        model = _wrap(ctx, build(ctx.cfg.model.name, ctx.cfg.model.dropout).to(ctx.device))
+        optimizer = torch.optim.SGD(
+            model.parameters(), lr=ctx.cfg.train.lr, momentum=ctx.cfg.train.momentum
+        )
+        fits = maxbatch.make_trial(model, ctx.device, ctx.env.world_size, optimizer)
+        largest, trials = maxbatch.search(
+            fits, ctx.cfg.train.global_batch_size, unit=ctx.env.world_size
+        )
+    ctx.metrics.write("start", **_start_record(ctx, 0, 0), startup_s=time.time() - started)
+    return ctx.metrics.write(
+        "summary",
+        largest_global_batch=largest,
+        tolerance=maxbatch.TOLERANCE,
+        trials=trials,
+        total_seconds=time.time() - started,
+        gpus=[],
+    )
 
 
 def _loader(ctx: Context, dataset: Any, batch: int, sampler: Any = None) -> DataLoader:
@@ -236,15 +286,17 @@ def _autocast(ctx: Context) -> contextlib.AbstractContextManager[Any]:
 
 def _train_epoch(
     ctx: Context, model: nn.Module, loader: DataLoader, optimizer: Any, scaler: Any
-) -> tuple[float, int, float]:
-    """One pass over this rank's shard; returns (seconds, samples, mean loss)."""
+) -> dict[str, Any]:
+    """One pass over this rank's shard: its time, samples, mean loss and step-time percentiles."""
     model.train()
     accum = ctx.cfg.train.grad_accum_steps
     loss_sum = torch.zeros((), device=ctx.device)
     samples = 0
+    clock = StepClock(ctx.device)
     _synchronize(ctx)
     start = time.perf_counter()
     for step, (x, y) in enumerate(loader, start=1):
+        clock.mark()
         x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
         last_micro = step % accum == 0 or step == len(loader)
         # DDP all-reduces gradients only on the last micro-step of an accumulation group.
@@ -259,8 +311,50 @@ def _train_epoch(
             optimizer.zero_grad(set_to_none=True)
         loss_sum += loss.detach() * len(y)
         samples += len(y)
+    clock.mark()
     _synchronize(ctx)  # the clock stops when the GPU work is done, not when it is queued
-    return time.perf_counter() - start, samples, loss_sum.item() / max(samples, 1)
+    seconds = time.perf_counter() - start
+    return {
+        "seconds": seconds,
+        "samples": samples,
+        "samples_per_s": samples / seconds,
+        "train_loss": loss_sum.item() / max(samples, 1),
+        **clock.percentiles(),
+    }
+
+
+class StepClock:
+    """Per-step wall time (data wait + compute): CUDA events on a GPU, so no step is synchronised."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[Any] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def percentiles(self) -> dict[str, float | None]:
+        """Read after the device is synchronised."""
+        pairs = zip(self.marks, self.marks[1:], strict=False)
+        ms = [a.elapsed_time(b) if self.cuda else (b - a) * 1000 for a, b in pairs]
+        if not ms:
+            return {"step_ms_p50": None, "step_ms_p90": None, "step_ms_p99": None}
+        q = torch.quantile(
+            torch.tensor(ms, dtype=torch.float64),
+            torch.tensor([0.5, 0.9, 0.99], dtype=torch.float64),
+        )
+        return {"step_ms_p50": q[0].item(), "step_ms_p90": q[1].item(), "step_ms_p99": q[2].item()}
+
+
+def _driven_gpus(ctx: Context) -> list[int]:
+    if ctx.device.type != "cuda":
+        return []
+    return list(range(ctx.gpus)) if ctx.cfg.mode == "dp" else [typing.cast(int, ctx.device.index)]
 
 
 @torch.no_grad()
@@ -316,6 +410,7 @@ def _start_record(ctx: Context, train_samples: int, test_samples: int) -> dict[s
         "per_rank_batch": per_rank_batch(cfg),
         "global_batch": cfg.train.global_batch_size,
         "epochs": cfg.train.epochs,
+        "task": cfg.task,
         "precision": cfg.train.precision,
         "dataset": cfg.data.dataset,
         "train_samples": train_samples,
@@ -341,7 +436,11 @@ def parameters_sha256(model: nn.Module) -> str:
 
 
 def _summary(
-    ctx: Context, epochs: list[dict[str, Any]], started: float, raw_model: nn.Module
+    ctx: Context,
+    epochs: list[dict[str, Any]],
+    started: float,
+    raw_model: nn.Module,
+    gpus: GpuSampler,
 ) -> dict[str, Any]:
     last = epochs[-1]
     checkpoint = "checkpoints/model.pt" if ctx.env.is_main and ctx.cfg.train.checkpoint else None
@@ -354,6 +453,5 @@ def _summary(
         final_test_accuracy=last["test_accuracy"],
         checkpoint=checkpoint,
         parameters_sha256=parameters_sha256(raw_model),
-        max_memory_allocated_mb=None,
-        max_memory_reserved_mb=None,
+        gpus=gpus.figures(),  # one entry per GPU this process drove; empty on CPU
     )

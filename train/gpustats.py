@@ -1,0 +1,96 @@
+"""GPU figures of one process: NVML utilisation and memory sampled in a thread, allocator peaks.
+
+NVML's utilisation is the share of time in the last sample period (1/6 s to 1 s, by GPU) during
+which at least one kernel ran on the GPU; it says nothing of how full the GPU was. The sampler runs
+only while training (`resume`/`pause` around each epoch's training part), not during evaluation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+import torch
+
+INTERVAL_S = 0.05
+
+
+class GpuSampler:
+    """Samples utilisation and used memory of the given CUDA devices (this process's indices)."""
+
+    def __init__(self, devices: list[int], interval_s: float = INTERVAL_S) -> None:
+        self.devices = devices
+        self.interval_s = interval_s
+        self._handles = _nvml_handles(devices)
+        self._util: list[list[int]] = [[] for _ in devices]
+        self._used_mb: list[float] = [0.0 for _ in devices]
+        self._active = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="gpu-sampler", daemon=True)
+        if self._handles:
+            self._thread.start()
+
+    @property
+    def available(self) -> bool:
+        return bool(self._handles)
+
+    def resume(self) -> None:
+        self._active.set()
+
+    def pause(self) -> None:
+        self._active.clear()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._active.set()  # wake the loop so it sees the stop
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+
+    def figures(self) -> list[dict[str, Any]]:
+        """Per device: mean utilisation (%), NVML peak used memory, allocator peaks (MB)."""
+        return [self._device_figures(i, device) for i, device in enumerate(self.devices)]
+
+    def _device_figures(self, i: int, device: int) -> dict[str, Any]:
+        samples = self._util[i]
+        return {
+            "cuda_index": device,
+            "name": torch.cuda.get_device_name(device),
+            "util_pct": sum(samples) / len(samples) if samples else None,
+            "util_samples": len(samples),
+            "nvml_used_mb_peak": self._used_mb[i] if self._handles else None,
+            "max_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20,
+            "max_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20,
+        }
+
+    def _loop(self) -> None:
+        import pynvml
+
+        while not self._stop.is_set():
+            self._active.wait()
+            if self._stop.is_set():
+                return
+            for i, handle in enumerate(self._handles):
+                with contextlib.suppress(pynvml.NVMLError):
+                    self._util[i].append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+                    used = pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+                    self._used_mb[i] = max(self._used_mb[i], used)
+            self._stop.wait(self.interval_s)
+
+
+def _nvml_handles(devices: list[int]) -> list[Any]:
+    """NVML handles for CUDA indices; matched by UUID, since CUDA_VISIBLE_DEVICES renumbers GPUs."""
+    if not devices:
+        return []
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return [_handle_for(pynvml, device) for device in devices]
+    except Exception:  # no driver, no library, or an unknown GPU: the figures read "not measured"
+        return []
+
+
+def _handle_for(pynvml: Any, device: int) -> Any:
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
