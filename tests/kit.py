@@ -15,12 +15,18 @@ REPO = Path(__file__).resolve().parent.parent
 SMALL = ["data.train_size=1024", "data.test_size=256", "train.epochs=2", "cluster.timeout_min=10"]
 
 
-def kit(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def kit(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """`python -m <args>` in a fresh interpreter, output captured."""
     return subprocess.run(
         [sys.executable, "-m", *args],
         cwd=cwd or REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            **(env or {}),
+        },
         capture_output=True,
         text=True,
         timeout=timeout,

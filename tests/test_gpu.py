@@ -1,0 +1,100 @@
+"""On a real GPU: NVML sampling, memory figures and the largest-batch search. Skipped without one."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from kit import SMALL, kit, records, run_folder
+
+from train.gpustats import GpuSampler
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def _busy(seconds: float) -> None:
+    a = torch.randn(4096, 4096, device="cuda")
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            a = a @ a
+            a = a / a.norm()
+        torch.cuda.synchronize()
+
+
+def test_sampler_sees_a_busy_gpu_and_an_idle_one() -> None:
+    sampler = GpuSampler([0])
+    assert sampler.available
+    sampler.resume()
+    _busy(1.5)
+    sampler.pause()
+    busy = sampler.figures()[0]
+    sampler.close()
+    assert busy["util_pct"] > 60 and busy["util_samples"] >= 10
+    assert busy["max_allocated_mb"] >= 64  # three 4096² float32 matrices at least
+    assert (
+        busy["nvml_used_mb_peak"] > busy["max_allocated_mb"]
+    )  # the driver also counts the context
+
+    idle = GpuSampler([0])
+    idle.resume()
+    time.sleep(1.0)
+    idle.pause()
+    assert idle.figures()[0]["util_pct"] < 30
+    idle.close()
+
+
+def _submit(tmp_path: Path, *args: str) -> Path:
+    gpus = torch.cuda.device_count()
+    done = kit(
+        "launch",
+        "submit",
+        *args,
+        *SMALL,
+        "cluster.backend=local",
+        f"cluster.gpus_per_node={gpus}",
+        f"output.root={tmp_path}/runs",
+        f"data.root={tmp_path}/data",
+        "--wait",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return run_folder(done.stdout)
+
+
+def test_dp_measures_every_card_it_drives(tmp_path: Path) -> None:
+    run_dir = _submit(tmp_path, "--mode", "dp")
+    start, *_, summary = records(run_dir)
+    assert start["backend"] == "none" and start["gpu_count"] == torch.cuda.device_count()
+    cards = summary["gpus"]
+    assert [c["cuda_index"] for c in cards] == list(range(torch.cuda.device_count()))
+    assert all(c["util_pct"] is not None and c["max_allocated_mb"] > 0 for c in cards)
+    assert cards[0]["max_allocated_mb"] >= max(
+        c["max_allocated_mb"] for c in cards
+    )  # DP gathers on card 0
+
+
+def test_ddp_ranks_each_measure_their_own_card(tmp_path: Path) -> None:
+    run_dir = _submit(tmp_path, "--mode", "ddp")
+    cards = [records(run_dir, rank)[-1]["gpus"] for rank in range(torch.cuda.device_count())]
+    assert [c[0]["cuda_index"] for c in cards] == list(range(torch.cuda.device_count()))
+    assert records(run_dir)[0]["backend"] == "nccl"
+    assert all(len(c) == 1 and c[0]["util_pct"] is not None for c in cards)
+
+
+def test_largest_batch_search_recovers_from_oom(tmp_path: Path) -> None:
+    run_dir = _submit(tmp_path, "--mode", "ddp", "task=largest_batch")
+    summary = records(run_dir)[-1]
+    trials = summary["trials"]
+    assert any(not t["fits"] for t in trials), (
+        "the search must have hit out-of-memory and carried on"
+    )
+    assert summary["largest_global_batch"] > 512
+    failed = min(t["global_batch"] for t in trials if not t["fits"])
+    assert (failed - summary["largest_global_batch"]) / summary[
+        "largest_global_batch"
+    ] <= 0.05 + 1e-9
