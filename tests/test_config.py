@@ -27,7 +27,9 @@ def test_file_then_overrides_then_flags(tmp_path: Path) -> None:
 
 
 def test_nested_lists_and_free_sbatch_options() -> None:
-    cfg = load_config(overrides=['cluster.setup=["module load cuda"]', "cluster.sbatch_extra.mail-type=END"])
+    cfg = load_config(
+        overrides=['cluster.setup=["module load cuda"]', "cluster.sbatch_extra.mail-type=END"]
+    )
     assert cfg.cluster.setup == ["module load cuda"]
     assert cfg.cluster.sbatch_extra == {"mail-type": "END"}
 
@@ -35,10 +37,16 @@ def test_nested_lists_and_free_sbatch_options() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["train.epoch=3"], "unknown setting 'train.epoch'. Did you mean 'epochs'? Valid keys here: checkpoint, epochs,"),
+        (
+            ["train.epoch=3"],
+            "unknown setting 'train.epoch'. Did you mean 'epochs'? Valid keys here: checkpoint, epochs,",
+        ),
         (["trian.epochs=3"], "Did you mean 'train'?"),
         (["train.epochs=three"], "'train.epochs' has the wrong type"),
-        (["cluster.backend=slrum"], "cluster.backend='slrum' is not valid; choose one of: auto, slurm, local"),
+        (
+            ["cluster.backend=slrum"],
+            "cluster.backend='slrum' is not valid; choose one of: auto, slurm, local",
+        ),
         (["train.epochs=0"], "train.epochs=0 must be at least 1"),
         (["train.global_batch_size=510"], "use a multiple of 4, e.g. train.global_batch_size=512"),
         (["train.grad_accum_steps=3"], "4 rank(s) × 3 accumulation step(s)"),
@@ -61,7 +69,9 @@ def test_bad_files(tmp_path: Path) -> None:
         load_config(broken)
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text("cluster:\n  gpus: 4\n")
-    with pytest.raises(ConfigError, match="unknown setting 'cluster.gpus'. Did you mean 'gpus_per_node'"):
+    with pytest.raises(
+        ConfigError, match=r"unknown setting 'cluster.gpus'. Did you mean 'gpus_per_node'"
+    ):
         load_config(unknown)
 
 

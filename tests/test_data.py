@@ -18,7 +18,10 @@ def _digest(folder: Path) -> str:
 
 def test_synthetic_is_mnist_shaped_and_read_by_torchvision(tmp_path: Path) -> None:
     folder = prepare_synthetic(tmp_path / "s", seed=0, train_size=600, test_size=100)
-    train, test = load_split(folder, "synthetic", train=True), load_split(folder, "synthetic", train=False)
+    train, test = (
+        load_split(folder, "synthetic", train=True),
+        load_split(folder, "synthetic", train=False),
+    )
     assert train.tensors[0].shape == (600, 1, 28, 28) and test.tensors[0].shape == (100, 1, 28, 28)
     assert set(train.tensors[1].tolist()) == set(range(10))
     assert abs(train.tensors[0].mean().item()) < 1.0  # normalised with MNIST's mean and std
@@ -42,19 +45,28 @@ def test_truncated_file_names_the_fix_and_is_kept(tmp_path: Path) -> None:
     folder = prepare_synthetic(tmp_path / "s", seed=0, train_size=100, test_size=10)
     images = folder / "MNIST" / "raw" / "t10k-images-idx3-ubyte"
     images.write_bytes(images.read_bytes()[:-100])
-    with pytest.raises(DataError, match=r"damaged \(7756 bytes, its header promises 7856\). Delete .* and run again"):
+    with pytest.raises(
+        DataError,
+        match=r"damaged \(7756 bytes, its header promises 7856\). Delete .* and run again",
+    ):
         prepare_synthetic(folder, seed=0, train_size=100, test_size=10)
     assert images.stat().st_size == 7756  # nothing is deleted behind the user's back
 
 
 def test_missing_mnist_says_how_to_fetch(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=r"train-images-idx3-ubyte is missing. Fetch MNIST .* fetch-mnist --root"):
+    with pytest.raises(
+        DataError, match=r"train-images-idx3-ubyte is missing. Fetch MNIST .* fetch-mnist --root"
+    ):
         verify(dataset_dir("mnist", tmp_path, 0, 0, 0), "mnist")
 
 
 def test_prepare_data_command(tmp_path: Path) -> None:
-    done = kit("train", "prepare-data", f"data.root={tmp_path}", "data.train_size=200", "data.test_size=20")
+    done = kit(
+        "train", "prepare-data", f"data.root={tmp_path}", "data.train_size=200", "data.test_size=20"
+    )
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "synthetic-seed0-200-20" / "MNIST" / "raw" / "t10k-labels-idx1-ubyte").is_file()
+    assert (
+        tmp_path / "synthetic-seed0-200-20" / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    ).is_file()
     missing = kit("train", "prepare-data", f"data.root={tmp_path}", "data.dataset=mnist")
     assert missing.returncode == 2 and "fetch-mnist" in missing.stderr

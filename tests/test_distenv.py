@@ -30,9 +30,29 @@ def test_slurm_srun_task() -> None:
 
 
 def test_torchrun_wins_over_slurm() -> None:
-    torchrun = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"}
-    env = detect({**SRUN_TASK_2, **torchrun, "MASTER_ADDR": "n1", "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "x"})
-    assert (env.source, env.rank, env.local_rank, env.world_size, env.local_world_size) == ("torchrun", 3, 1, 8, 2)
+    torchrun = {
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "8",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "1",
+    }
+    env = detect(
+        {
+            **SRUN_TASK_2,
+            **torchrun,
+            "MASTER_ADDR": "n1",
+            "MASTER_PORT": "29400",
+            "TORCHELASTIC_RUN_ID": "x",
+        }
+    )
+    assert (env.source, env.rank, env.local_rank, env.world_size, env.local_world_size) == (
+        "torchrun",
+        3,
+        1,
+        8,
+        2,
+    )
     assert (env.node_rank, env.master_addr, env.master_port) == (1, "n1", 29400)
 
 
@@ -52,7 +72,12 @@ def test_ports_of_neighbouring_jobs_differ() -> None:
 
 @pytest.mark.parametrize(
     ("nodelist", "host"),
-    [("127.0.0.[11-12]", "127.0.0.11"), ("gpu[003-004,010],cpu1", "gpu003"), ("a1,b2", "a1"), ("n7", "n7")],
+    [
+        ("127.0.0.[11-12]", "127.0.0.11"),
+        ("gpu[003-004,010],cpu1", "gpu003"),
+        ("a1,b2", "a1"),
+        ("n7", "n7"),
+    ],
 )
 def test_first_host(nodelist: str, host: str) -> None:
     assert first_host(nodelist) == host
@@ -67,7 +92,10 @@ def test_submitit_local_tasks(tmp_path: Path) -> None:
     executor = submitit.LocalExecutor(folder=tmp_path)
     executor.update_parameters(tasks_per_node=2, timeout_min=2)
     envs = executor.submit(detect).results()
-    assert [(e.rank, e.local_rank, e.world_size, e.local_world_size) for e in envs] == [(0, 0, 2, 2), (1, 1, 2, 2)]
+    assert [(e.rank, e.local_rank, e.world_size, e.local_world_size) for e in envs] == [
+        (0, 0, 2, 2),
+        (1, 1, 2, 2),
+    ]
     assert {e.source for e in envs} == {"submitit"}
     assert envs[0].master_port == envs[1].master_port  # both derive it from the one job id
 
@@ -75,13 +103,13 @@ def test_submitit_local_tasks(tmp_path: Path) -> None:
 def test_script_started_without_srun_names_the_fix() -> None:
     cfg = load_config()
     batch = {k: v for k, v in SRUN_TASK_2.items() if k != "SLURM_STEP_ID"}
-    with pytest.raises(LaunchError, match="without srun.*`srun python -m train run RUN_DIR`"):
+    with pytest.raises(LaunchError, match=r"without srun.*`srun python -m train run RUN_DIR`"):
         check_launch(cfg, detect(batch), environ=batch)
 
 
 def test_ddp_task_count_must_match_gpus() -> None:
     cfg = load_config(overrides=["cluster.gpus_per_node=2"])  # expects 2, srun started 4
-    with pytest.raises(LaunchError, match="expects .* = 2 processes, but 4 were started"):
+    with pytest.raises(LaunchError, match=r"expects .* = 2 processes, but 4 were started"):
         check_launch(cfg, detect(SRUN_TASK_2), environ=SRUN_TASK_2)
 
 

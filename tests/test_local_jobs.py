@@ -14,7 +14,16 @@ from train.model import ConvNet
 
 
 def _submit(tmp: Path, *args: str) -> tuple[Path, str]:
-    done = kit("launch", "submit", *args, *SMALL, "cluster.backend=local", f"output.root={tmp}/runs", f"data.root={tmp}/data", "--wait")
+    done = kit(
+        "launch",
+        "submit",
+        *args,
+        *SMALL,
+        "cluster.backend=local",
+        f"output.root={tmp}/runs",
+        f"data.root={tmp}/data",
+        "--wait",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return run_folder(done.stdout), done.stdout
 
@@ -25,24 +34,36 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]
     return {
         "dp": _submit(tmp, "--mode", "dp"),
         "ddp": _submit(tmp, "--mode", "ddp", "cluster.gpus_per_node=2"),
-        "ddp-accum": _submit(tmp, "--mode", "ddp", "cluster.gpus_per_node=2", "train.grad_accum_steps=2", "train.precision=bf16"),
+        "ddp-accum": _submit(
+            tmp,
+            "--mode",
+            "ddp",
+            "cluster.gpus_per_node=2",
+            "train.grad_accum_steps=2",
+            "train.precision=bf16",
+        ),
     }
 
 
 def test_wait_prints_one_line_per_epoch_and_the_result(runs: dict[str, tuple[Path, str]]) -> None:
-    run_dir, out = runs["ddp"]
+    _, out = runs["ddp"]
     assert out.startswith("submitted job ")
     assert "epoch 1/2:" in out and "epoch 2/2:" in out and "samples/s" in out
     assert "done: test accuracy" in out.splitlines()[-1]
 
 
-def test_run_folder_holds_config_meta_and_one_file_per_rank(runs: dict[str, tuple[Path, str]]) -> None:
+def test_run_folder_holds_config_meta_and_one_file_per_rank(
+    runs: dict[str, tuple[Path, str]],
+) -> None:
     run_dir, _ = runs["ddp"]
     assert "gpus_per_node: 2" in (run_dir / "config.yaml").read_text()
     meta = json.loads((run_dir / "run.json").read_text())
     assert (meta["mode"], meta["backend"], meta["launcher"]) == ("ddp", "local", "launch")
     assert meta["job_id"]
-    assert sorted(p.name for p in (run_dir / "metrics").iterdir()) == ["rank-00000.jsonl", "rank-00001.jsonl"]
+    assert sorted(p.name for p in (run_dir / "metrics").iterdir()) == [
+        "rank-00000.jsonl",
+        "rank-00001.jsonl",
+    ]
     assert len({p for _, (p, _) in runs.items()}) == 3  # each submission its own folder
 
 
@@ -53,7 +74,12 @@ def test_ddp_ranks_train_in_step(runs: dict[str, tuple[Path, str]], name: str) -
     for rank, recs in enumerate(per_rank):
         assert [r["kind"] for r in recs] == ["start", "epoch", "epoch", "summary"]
         start = recs[0]
-        assert (start["rank"], start["world_size"], start["backend"], start["per_rank_batch"]) == (rank, 2, "gloo", 256 // (2 if name == "ddp-accum" else 1))
+        assert (start["rank"], start["world_size"], start["backend"], start["per_rank_batch"]) == (
+            rank,
+            2,
+            "gloo",
+            256 // (2 if name == "ddp-accum" else 1),
+        )
         assert recs[1]["samples"] == 512  # DistributedSampler: each rank half of 1024
     summaries = [recs[-1] for recs in per_rank]
     assert summaries[0]["parameters_sha256"] == summaries[1]["parameters_sha256"]
@@ -63,7 +89,12 @@ def test_ddp_ranks_train_in_step(runs: dict[str, tuple[Path, str]], name: str) -
 def test_dp_is_one_process_holding_the_whole_batch(runs: dict[str, tuple[Path, str]]) -> None:
     run_dir, _ = runs["dp"]
     start, *_, summary = records(run_dir)
-    assert (start["mode"], start["world_size"], start["backend"], start["per_rank_batch"]) == ("dp", 1, "none", 512)
+    assert (start["mode"], start["world_size"], start["backend"], start["per_rank_batch"]) == (
+        "dp",
+        1,
+        "none",
+        512,
+    )
     assert summary["checkpoint"] == "checkpoints/model.pt"
     assert not (run_dir / "metrics" / "rank-00001.jsonl").exists()
 
@@ -72,7 +103,9 @@ def test_dp_is_one_process_holding_the_whole_batch(runs: dict[str, tuple[Path, s
 def test_checkpoint_loads_into_a_bare_model(runs: dict[str, tuple[Path, str]], name: str) -> None:
     run_dir, _ = runs[name]
     model = ConvNet()
-    model.load_state_dict(torch.load(run_dir / "checkpoints" / "model.pt"))  # strict: no `module.` keys
+    model.load_state_dict(
+        torch.load(run_dir / "checkpoints" / "model.pt")
+    )  # strict: no `module.` keys
     test = load_split(next((run_dir.parent.parent / "data").iterdir()), "synthetic", train=False)
     model.eval()
     with torch.no_grad():
@@ -84,14 +117,29 @@ def test_failed_job_reports_its_error_and_keeps_the_run_folder(tmp_path: Path) -
     data = tmp_path / "data" / "synthetic-seed0-1024-256" / "MNIST" / "raw"
     data.mkdir(parents=True)
     (data / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03garbage")
-    done = kit("launch", "submit", "--mode", "ddp", *SMALL, "cluster.gpus_per_node=2", "cluster.backend=local", f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data", "--wait")
+    done = kit(
+        "launch",
+        "submit",
+        "--mode",
+        "ddp",
+        *SMALL,
+        "cluster.gpus_per_node=2",
+        "cluster.backend=local",
+        f"output.root={tmp_path}/runs",
+        f"data.root={tmp_path}/data",
+        "--wait",
+    )
     assert done.returncode == 1
     assert "failed" in done.stdout and "is damaged" in done.stdout and "Delete" in done.stdout
     assert (run_folder(done.stdout) / "config.yaml").is_file()
 
 
 def test_bad_submission_creates_nothing(tmp_path: Path) -> None:
-    for args in (["--mode", "dp", "--nodes", "2"], ["train.epoch=2"], ["--mode", "ddp", "cluster.backend=local", "--nodes", "2"]):
+    for args in (
+        ["--mode", "dp", "--nodes", "2"],
+        ["train.epoch=2"],
+        ["--mode", "ddp", "cluster.backend=local", "--nodes", "2"],
+    ):
         done = kit("launch", "submit", *args, f"output.root={tmp_path}/runs")
         assert done.returncode == 2, args
         assert done.stderr.startswith("error: ")

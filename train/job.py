@@ -241,9 +241,7 @@ def _largest_batch(ctx: Context, started: float) -> dict[str, Any]:
     from train import maxbatch
 
     ctx.metrics.write("start", **_start_record(ctx, 0, 0), startup_s=time.time() - started)
-    largest: int | None = (
-        None  # on CPU host memory is not what the comparison is about: not measured
-    )
+    largest: int | None = None  # on CPU: not measured (host memory is not the question)
     trials: list[dict[str, Any]] = []
     if ctx.device.type == "cuda":
         model = _wrap(ctx, build(ctx.cfg.model.name, ctx.cfg.model.dropout).to(ctx.device))
@@ -254,7 +252,6 @@ def _largest_batch(ctx: Context, started: float) -> dict[str, Any]:
         largest, trials = maxbatch.search(
             fits, ctx.cfg.train.global_batch_size, unit=ctx.env.world_size
         )
-    ctx.metrics.write("start", **_start_record(ctx, 0, 0), startup_s=time.time() - started)
     return ctx.metrics.write(
         "summary",
         largest_global_batch=largest,

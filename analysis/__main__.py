@@ -1,0 +1,124 @@
+"""`python -m analysis summarize`: DP against DDP, one table per group of comparable runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from analysis.load import RunDirError, load_runs, resolve_run_dirs
+from analysis.table import FORMATS, Group, group_runs
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+EPILOG = """\
+Figures: seconds per epoch is the median of epochs 2..N (an epoch ends when its slowest rank does);
+the first epoch is shown apart. Runs that differ in any setting or in hardware are never pooled:
+each group gets its own table, repeats within a group give the median per figure. A figure the run
+did not record (GPU figures on CPU, say) is shown as n/m (not measured).
+
+examples:
+  python -m analysis summarize                       every run under runs/
+  python -m analysis summarize runs/20261130-101500-ddp-1n4g-3f2a runs/20261130-102000-dp-1n4g-9c1e
+  python -m analysis summarize --format csv > table.csv
+  python -m analysis summarize --plot comparison.png
+"""
+
+
+class UsageError(ValueError):
+    """The command line asks for something this command cannot do; the message names the fix."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but its errors are one line saying where the help is (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (RunDirError, UsageError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m analysis", description=__doc__)
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+    summarize = commands.add_parser(
+        "summarize",
+        help="print the DP vs DDP comparison table of finished runs",
+        description="Print the DP vs DDP comparison table of finished runs.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    summarize.add_argument(
+        "run_dirs",
+        nargs="*",
+        type=Path,
+        metavar="RUN_DIR",
+        help="a run folder, or a folder holding run folders (default: every run under --root)",
+    )
+    summarize.add_argument(
+        "--root",
+        type=Path,
+        default=Path("runs"),
+        help="where to look when no RUN_DIR is given (default: runs, the kit's output.root)",
+    )
+    summarize.add_argument(
+        "--format",
+        default="markdown",
+        metavar="|".join(FORMATS),
+        help="markdown (default): a table per group; csv or json: one record per group, figure "
+        "and mode, numbers as numbers, with units, settings and hardware",
+    )
+    summarize.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="also draw epoch times and throughput per strategy into this image",
+    )
+    summarize.set_defaults(func=_summarize)
+    return parser
+
+
+def _summarize(args: argparse.Namespace) -> int:
+    if args.format not in FORMATS:
+        raise UsageError(f"--format {args.format} is not known: use one of {', '.join(FORMATS)}")
+    if args.plot and args.plot.suffix.lower() not in PLOT_SUFFIXES:
+        raise UsageError(f"--plot {args.plot}: end the name in {' or '.join(PLOT_SUFFIXES)}")
+    run_dirs = resolve_run_dirs(args.run_dirs, args.root)
+    runs, notes = load_runs(run_dirs)
+    for note in notes:  # warnings and skipped runs: on stderr, so stdout stays a clean table
+        print(note, file=sys.stderr)
+    if runs.empty:
+        print(
+            f"error: none of the {len(run_dirs)} run(s) has finished yet: nothing to summarize",
+            file=sys.stderr,
+        )
+        return 1
+    groups = group_runs(runs)
+    print(FORMATS[args.format](groups), end="")
+    if args.plot:
+        _plot(groups, args.plot)
+    return 0
+
+
+def _plot(groups: list[Group], path: Path) -> None:
+    from analysis.plot import save_plot  # matplotlib is only imported when a plot is asked for
+
+    try:
+        save_plot(groups, path)
+    except OSError as err:
+        raise UsageError(
+            f"--plot {path}: cannot write it ({err.strerror}): pick another path"
+        ) from None
+    print(f"plot: {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,317 @@
+"""Read run folders (docs/run-folder.md) into one DataFrame: one row per finished run.
+
+Every figure is derived here from the per-rank records, and only from them. A figure the records do
+not hold is NaN in the frame and "n/m" in print: never 0, never a guess.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+
+from launch.config import Config, ConfigError, load_saved, world_size
+from launch.runs import find_runs, read_meta
+from train.metrics import read_records
+
+NOT_MEASURED = float("nan")
+
+# How the "DDP vs DP" column reads a figure: time (lower is better, "2.10× faster"), rate (relative
+# change, "+110%"), points (difference of two percentages, "+0.4 pp"), diff (plain difference).
+Compare = Literal["none", "time", "rate", "points", "diff"]
+
+
+class RunDirError(ValueError):
+    """A path given (or the default root) holds no run folder; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One row of the comparison table and where its number comes from."""
+
+    column: str  # the DataFrame column (and the csv/json `metric`)
+    name: str
+    unit: str
+    compare: Compare
+    note: str = ""  # how it was measured, shown next to the unit
+    source: str = ""  # "kind.field" of the record carrying it; "": derived from the epoch records
+    card: Literal["main", "other"] | None = None  # the field is a list per driven GPU
+    others: Literal["mean", "max"] = "max"  # the other cards' figure: their mean, or their peak
+    scale: float = 1.0
+    digits: int = 2
+
+    @property
+    def label(self) -> str:
+        """The row name: what, and its unit and how it was measured in brackets."""
+        note = [self.unit, self.note, f"{self.others} over cards" if self.card == "other" else ""]
+        details = ", ".join(filter(None, note))
+        return f"{self.name} ({details})" if details else self.name
+
+    @property
+    def kind(self) -> str:
+        return self.source.partition(".")[0]
+
+    @property
+    def field(self) -> str:
+        return self.source.partition(".")[2]
+
+
+def _field(source: str, name: str, unit: str, compare: Compare, **more: Any) -> Figure:
+    """A figure read from rank 0's record; its column is the field's name."""
+    return Figure(source.partition(".")[2], name, unit, compare, source=source, **more)
+
+
+def _cards(source: str, name: str, unit: str, compare: Compare, **more: Any) -> tuple[Figure, ...]:
+    """A per-GPU list in every rank's record, as two rows: the main card and the other cards."""
+    column = source.rpartition(".")[2]
+    main = Figure(
+        f"{column}_main", f"{name} main card", unit, compare, source=source, card="main", **more
+    )
+    return main, replace(main, column=f"{column}_other", name=f"{name} other cards", card="other")
+
+
+# The table's rows, in order. A field the writer adds later is one line here.
+# fmt: off
+FIGURES: tuple[Figure, ...] = (
+    Figure("runs", "runs", "", "none", digits=0),
+    Figure("epoch_s", "seconds per epoch", "s", "time", "steady state: median of epochs 2..N"),
+    Figure("first_epoch_s", "first epoch", "s", "time"),
+    Figure("throughput", "throughput", "samples/s", "rate", "all ranks, steady state", digits=0),
+    Figure("startup_s", "start-up", "s", "time", "slowest rank"),
+    Figure("step_ms_p50", "step time p50", "ms", "time", "data + compute, median over steady epochs"),
+    Figure("step_ms_p90", "step time p90", "ms", "time", "data + compute, median over steady epochs"),
+    *_cards("summary.gpus.util_pct", "GPU util", "%", "points", note="NVML: share of time a kernel ran", others="mean"),
+    *_cards("summary.gpus.max_allocated_mb", "peak memory", "MB", "rate", note="PyTorch allocator, allocated"),
+    *_cards("summary.gpus.max_reserved_mb", "peak memory", "MB", "rate", note="PyTorch allocator, reserved"),
+    *_cards("summary.gpus.nvml_used_mb_peak", "peak memory", "MB", "rate", note="NVML used, driver's view"),
+    Figure("largest_batch", "largest batch", "samples", "rate", "global, fits within 5 %; task=largest_batch runs", digits=0),
+    _field("summary.final_test_accuracy", "final test accuracy", "%", "points", scale=100),
+    _field("summary.final_test_loss", "final test loss", "cross-entropy", "diff", digits=4),
+)
+# fmt: on
+
+_CARD_REDUCE: dict[str, Callable[[list[float]], float]] = {"mean": statistics.fmean, "max": max}
+
+# Settings that make figures comparable: runs differing in any of these are never pooled.
+# Each reads the run's config; the dataset sizes come from the start record (exact for mnist too).
+SETTINGS: dict[str, Callable[[Config, dict[str, Any]], Any]] = {
+    "global_batch": lambda cfg, start: cfg.train.global_batch_size,
+    "epochs": lambda cfg, start: cfg.train.epochs,
+    "grad_accum_steps": lambda cfg, start: cfg.train.grad_accum_steps,
+    "precision": lambda cfg, start: cfg.train.precision,
+    "model": lambda cfg, start: cfg.model.name,
+    "dataset": lambda cfg, start: cfg.data.dataset,
+    "train_samples": lambda cfg, start: start["train_samples"],
+    "test_samples": lambda cfg, start: start["test_samples"],
+    "nodes": lambda cfg, start: cfg.cluster.nodes,
+    "gpus_per_node": lambda cfg, start: cfg.cluster.gpus_per_node,
+}
+HARDWARE = ("device_name", "gpus", "torch")  # from the start records; gpus: all GPUs the job drove
+
+
+def resolve_run_dirs(paths: Sequence[Path], root: Path) -> list[Path]:
+    """The run folders named (or found under them), else every run under root; each once."""
+    if not paths:
+        found = find_runs(root) if root.is_dir() else []
+        if not found:
+            raise RunDirError(
+                f"no runs found under {root}/: make one with `python -m launch submit --mode ddp "
+                "--wait`, or name a run folder (or --root) where runs are"
+            )
+        return found
+    runs: dict[Path, Path] = {}
+    for path in paths:
+        for run in _runs_in(path):
+            runs.setdefault(run.resolve(), run)
+    return list(runs.values())
+
+
+def _runs_in(path: Path) -> list[Path]:
+    if not path.exists():
+        raise RunDirError(
+            f"{path} does not exist: pass a run folder or a folder holding run folders"
+        )
+    found = find_runs(path) if path.is_dir() else []
+    if not found:
+        raise RunDirError(
+            f"{path} is not a run folder and holds none (no run.json in or under it): pass a folder "
+            "that `python -m launch submit` made, e.g. runs/<run id>, or the folder holding them"
+        )
+    return found
+
+
+def load_runs(run_dirs: Iterable[Path]) -> tuple[pd.DataFrame, list[str]]:
+    """One row per finished run (sorted by run id), and a note per problem met on the way."""
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for run_dir in run_dirs:
+        row, run_notes = read_run(run_dir)
+        notes += run_notes
+        if row is not None:
+            rows.append(row)
+    frame = pd.DataFrame(rows)
+    return (frame.sort_values("run_id", ignore_index=True) if rows else frame), notes
+
+
+def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
+    """The run's row, or None with a note saying what is missing; never raises for a bad run."""
+    try:
+        meta = read_meta(run_dir)
+        cfg = load_saved(run_dir / "config.yaml")
+    except (OSError, ValueError, ConfigError) as err:  # JSONDecodeError is a ValueError
+        return None, [f"skipped {run_dir}: cannot read it: {err}"]
+    ranks, notes = _read_ranks(run_dir)
+    run_id = meta.get("run_id", run_dir.name)
+    if cfg.task == "largest_batch":
+        return _largest_batch_row(run_dir, run_id, cfg, ranks), notes
+    missing = _missing(cfg, ranks)
+    if missing:
+        return None, [*notes, f"skipped {run_id}: {missing}; see {run_dir / 'logs'}"]
+    notes += [
+        f"note {run_id}: rank {rank} has no summary record; its per-card figures are n/m"
+        for rank, records in sorted(ranks.items())
+        if rank and not _of_kind(records, "summary")
+    ]
+    return _row(run_dir, meta, cfg, ranks), notes
+
+
+# A largest-batch result belongs to the training runs with the same shape and hardware.
+LARGEST_BATCH_KEYS = ("mode", "model", "precision", "nodes", "gpus_per_node", "device_name", "gpus")
+
+
+def _largest_batch_row(
+    run_dir: Path, run_id: str, cfg: Config, ranks: dict[int, list[dict[str, Any]]]
+) -> dict[str, Any] | None:
+    summary = _of_kind(ranks.get(0, []), "summary")
+    starts = [
+        _of_kind(ranks[rank], "start")[-1]
+        for rank in sorted(ranks)
+        if _of_kind(ranks[rank], "start")
+    ]
+    if not summary or not starts:
+        return None
+    largest = summary[-1].get("largest_global_batch")
+    return {
+        "run_id": run_id,
+        "run_dir": str(run_dir),
+        "task": "largest_batch",
+        "mode": cfg.mode,
+        "model": cfg.model.name,
+        "precision": cfg.train.precision,
+        "nodes": cfg.cluster.nodes,
+        "gpus_per_node": cfg.cluster.gpus_per_node,
+        "device_name": starts[0]["device_name"],
+        "gpus": sum(int(s.get("gpu_count") or 0) for s in starts),
+        "largest_batch": float(largest) if largest else NOT_MEASURED,
+    }
+
+
+def _read_ranks(run_dir: Path) -> tuple[dict[int, list[dict[str, Any]]], list[str]]:
+    ranks: dict[int, list[dict[str, Any]]] = {}
+    notes: list[str] = []
+    for path in sorted((run_dir / "metrics").glob("rank-*.jsonl")):
+        records, problems = read_records(path)
+        notes += [f"warning: {problem}" for problem in problems]
+        starts = [i for i, r in enumerate(records) if r.get("kind") == "start"]
+        if len(starts) > 1:  # a requeued job appends a new attempt: only the last one counts
+            notes.append(f"note: {path}: {len(starts)} attempts, reading the last one only")
+        ranks[int(path.stem.removeprefix("rank-"))] = records[starts[-1] if starts else 0 :]
+    return ranks, notes
+
+
+def _missing(cfg: Config, ranks: dict[int, list[dict[str, Any]]]) -> str:
+    """What a run lacks before its figures mean anything; '' when it is complete."""
+    if not ranks:
+        return "no metrics yet (job queued, still starting, or failed at start)"
+    expected = range(world_size(cfg))
+    absent = [rank for rank in expected if not _of_kind(ranks.get(rank, []), "start")]
+    if absent:
+        return f"no start record from rank(s) {', '.join(map(str, absent))} of {len(expected)}"
+    done = min(len(_of_kind(ranks[rank], "epoch")) for rank in expected)
+    if done < cfg.train.epochs:
+        return f"{done} of {cfg.train.epochs} epochs done on every rank (job running or failed)"
+    if not _of_kind(ranks[0], "summary"):
+        return "no summary from rank 0 (job still running, or failed before the end)"
+    return ""
+
+
+def _of_kind(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("kind") == kind]
+
+
+def _row(
+    run_dir: Path, meta: dict[str, Any], cfg: Config, ranks: dict[int, list[dict[str, Any]]]
+) -> dict[str, Any]:
+    start = _of_kind(ranks[0], "start")[-1]
+    starts = [_of_kind(ranks[rank], "start")[-1] for rank in sorted(ranks)]
+    epochs = _epoch_table(ranks)
+    return {
+        "run_id": meta.get("run_id", run_dir.name),
+        "task": "train",
+        "mode": cfg.mode,
+        "run_dir": str(run_dir),
+        **{name: read(cfg, start) for name, read in SETTINGS.items()},
+        "device_name": start["device_name"],
+        "gpus": sum(int(s.get("gpu_count") or 0) for s in starts),
+        "torch": start["torch"],
+        "runs": 1,
+        **_timing(epochs, starts),
+        **{f.column: _record_figure(f, ranks) for f in FIGURES if f.source},
+        "epoch_seconds": epochs["seconds"].tolist(),  # for the plot: one value per epoch
+    }
+
+
+def _epoch_table(ranks: dict[int, list[dict[str, Any]]]) -> pd.DataFrame:
+    """Per epoch: it ends when its slowest rank ends; its samples are every rank's together."""
+    records = [r for recs in ranks.values() for r in _of_kind(recs, "epoch")]
+    frame = pd.DataFrame(records, columns=["epoch", "seconds", "samples", *_STEP_TIMES])
+    slowest = {column: (column, "max") for column in ["seconds", *_STEP_TIMES]}
+    return frame.groupby("epoch").agg(samples=("samples", "sum"), **slowest)
+
+
+def _timing(epochs: pd.DataFrame, starts: list[dict[str, Any]]) -> dict[str, float]:
+    steady = epochs[epochs.index >= 2]  # epoch 1 pays for warm-up (allocator, kernels, caches)
+    startups = [s["startup_s"] for s in starts if s.get("startup_s") is not None]
+    return {
+        "epoch_s": _median(steady["seconds"]),
+        "first_epoch_s": float(epochs["seconds"].iloc[0]),
+        "throughput": _median(steady["samples"] / steady["seconds"]),
+        "startup_s": max(startups) if len(startups) == len(starts) else NOT_MEASURED,
+        **{column: _median(steady[column].dropna()) for column in _STEP_TIMES},
+    }
+
+
+_STEP_TIMES = ("step_ms_p50", "step_ms_p90")
+
+
+def _median(values: pd.Series) -> float:
+    return float(values.median()) if len(values) else NOT_MEASURED
+
+
+def _record_figure(figure: Figure, ranks: dict[int, list[dict[str, Any]]]) -> float:
+    """A figure read from the records: rank 0's value, or the main card's, or the other cards'."""
+    if figure.card is None:
+        values = _field_values(ranks[0], figure)
+        return values[0] * figure.scale if values and values[0] is not None else NOT_MEASURED
+    cards = [v for rank in sorted(ranks) for v in _field_values(ranks[rank], figure)]
+    if figure.card == "main":
+        return cards[0] * figure.scale if cards and cards[0] is not None else NOT_MEASURED
+    others = cards[1:]
+    if not others or None in others:  # a figure from some of the cards only is no figure
+        return NOT_MEASURED
+    return _CARD_REDUCE[figure.others]([v for v in others if v is not None]) * figure.scale
+
+
+def _field_values(records: list[dict[str, Any]], figure: Figure) -> list[float | None]:
+    """The field in a rank's last record of its kind, per driven GPU; [None] where it is absent."""
+    found = _of_kind(records, figure.kind)
+    name, _, per_card = figure.field.partition(".")  # "gpus.util_pct": a field of each card's entry
+    value = found[-1].get(name) if found else None
+    if per_card:
+        value = [card.get(per_card) for card in value] if isinstance(value, list) else None
+    values = value if isinstance(value, list) else [value]
+    return [float(v) if isinstance(v, int | float) else None for v in values]

@@ -1,0 +1,67 @@
+"""One PNG: a row of panels per group of comparable runs, DP and DDP side by side in each panel.
+
+Panels are a list of small functions, so a per-card memory or utilisation panel is one more entry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from analysis.table import MODES, NM, Group
+
+COLOURS = {"dp": "tab:orange", "ddp": "tab:blue"}
+
+
+def _epoch_times(ax: Axes, group: Group) -> None:
+    """Each run's epoch times; an epoch lasts until its slowest rank is done."""
+    labelled: set[str] = set()
+    for mode, seconds in zip(group.runs["mode"], group.runs["epoch_seconds"], strict=True):
+        label = None if mode in labelled else MODES[mode]
+        labelled.add(mode)
+        ax.plot(range(1, len(seconds) + 1), seconds, marker="o", color=COLOURS[mode], label=label)
+    ax.set(title="time per epoch", xlabel="epoch", ylabel="seconds (slowest rank)")
+    ax.set_ylim(0, 1.15 * max(max(s) for s in group.runs["epoch_seconds"]))  # room for a legend
+    ax.xaxis.get_major_locator().set_params(integer=True)  # type: ignore[call-arg]
+    ax.legend(loc="lower right")  # the lines sit high: epoch times start at 0
+
+
+def _throughput(ax: Axes, group: Group) -> None:
+    """Steady-state throughput per strategy (median over repeats); n/m where not measured."""
+    for x, mode in enumerate(MODES):
+        value = group.medians[mode]["throughput"]
+        if math.isnan(value):
+            ax.text(x, 0, NM, ha="center", va="bottom")
+        else:
+            ax.bar(x, value, color=COLOURS[mode])
+            ax.text(x, value, f"{value:.0f}", ha="center", va="bottom")
+    ax.set_xticks(range(len(MODES)), list(MODES.values()))
+    ax.set_xlim(-0.6, len(MODES) - 0.4)  # both places even when one strategy has no run
+    ax.margins(y=0.12)  # room for the value above the tallest bar
+    ax.set(title="throughput (steady state)", ylabel="samples/s, all ranks")
+
+
+# One column per panel, left to right.
+PANELS: list[Callable[[Axes, Group], None]] = [_epoch_times, _throughput]
+
+
+def save_plot(groups: list[Group], path: Path) -> None:
+    """Write the figure to path (its suffix picks the format: .png, .svg, .pdf)."""
+    # A bare Figure, not pyplot: no GUI backend is looked for and no global state is left behind.
+    fig = Figure(figsize=(5 * len(PANELS), 3.8 * len(groups)), layout="constrained")
+    rows = fig.subfigures(len(groups), 1, squeeze=False)[:, 0]
+    for row, group in zip(rows, groups, strict=True):
+        row.suptitle(_row_title(group), fontweight="bold")
+        for ax, panel in zip(row.subplots(1, len(PANELS), squeeze=False)[0], PANELS, strict=True):
+            panel(ax, group)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def _row_title(group: Group) -> str:
+    k = group.key
+    return f"group {group.number}: batch {k['global_batch']}, {k['device_name']}"

@@ -1,0 +1,207 @@
+"""The comparison table: runs grouped by comparable settings, rows = figures, columns = DP | DDP.
+
+Runs of different settings or hardware are never pooled: each group gets its own table. Repeats
+within a group are pooled by the median, figure by figure, over the runs that measured it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from analysis.load import FIGURES, HARDWARE, LARGEST_BATCH_KEYS, SETTINGS, Figure
+
+MODES = {"dp": "DP", "ddp": "DDP"}
+COMPARISON = "ddp_vs_dp"  # the improvement column's key in csv/json
+NM = "n/m"  # not measured
+
+
+@dataclass(frozen=True)
+class Group:
+    """Runs that share every setting and the hardware, and their figures per mode."""
+
+    number: int
+    key: dict[str, Any]  # SETTINGS and HARDWARE values
+    runs: pd.DataFrame
+    medians: dict[str, dict[str, float]]  # mode → figure column → median (NaN: not measured)
+
+    def run_ids(self, mode: str, task: str = "train") -> list[str]:
+        chosen = (self.runs["mode"] == mode) & (self.runs["task"] == task)
+        return self.runs.loc[chosen, "run_id"].tolist()
+
+
+def group_runs(runs: pd.DataFrame) -> list[Group]:
+    """Groups of training runs in the order of their first run (run ids start with the UTC time).
+
+    Largest-batch runs carry no epochs: each joins the groups whose training runs share its mode,
+    model, precision, shape and hardware.
+    """
+    keys = [*SETTINGS, *HARDWARE]
+    train = runs[runs["task"] == "train"].sort_values("run_id")
+    largest = runs[runs["task"] == "largest_batch"]
+    groups = []
+    for number, (key, frame) in enumerate(train.groupby(keys, sort=False, dropna=False), start=1):
+        matched = _matching_largest(frame, largest)
+        groups.append(
+            Group(
+                number,
+                {k: _plain(v) for k, v in zip(keys, key, strict=True)},
+                pd.concat([frame, matched]),
+                _medians(frame, matched),
+            )
+        )
+    return groups
+
+
+def _matching_largest(train: pd.DataFrame, largest: pd.DataFrame) -> pd.DataFrame:
+    if largest.empty:
+        return largest
+    shapes = train[list(LARGEST_BATCH_KEYS)].drop_duplicates()
+    return largest.merge(shapes, on=list(LARGEST_BATCH_KEYS))
+
+
+def _medians(train: pd.DataFrame, largest: pd.DataFrame) -> dict[str, dict[str, float]]:
+    medians: dict[str, dict[str, float]] = {}
+    for mode in MODES:
+        runs = train[train["mode"] == mode]
+        figures = {f.column: _median(runs, f.column) for f in FIGURES}  # NaN if none
+        best = (
+            _median(largest[largest["mode"] == mode], "largest_batch")
+            if not largest.empty
+            else math.nan
+        )
+        medians[mode] = figures | {"runs": float(len(runs)), "largest_batch": best}
+    return medians
+
+
+def _median(frame: pd.DataFrame, column: str) -> float:
+    return float(frame[column].median()) if column in frame and len(frame) else math.nan
+
+
+def comparison(figure: Figure, dp: float, ddp: float) -> tuple[float, str, str]:
+    """DDP against DP as (number, unit, text); NaN and "n/m" when either side is not measured."""
+    if figure.compare == "none":
+        return math.nan, "", ""
+    if math.isnan(dp) or math.isnan(ddp):
+        return math.nan, "", NM
+    if figure.compare == "time":
+        if dp <= 0 or ddp <= 0:
+            return math.nan, "", "–"
+        speedup = dp / ddp
+        text = f"{speedup:.2f}× faster" if speedup >= 1 else f"{1 / speedup:.2f}× slower"
+        return speedup, "× (DP time / DDP time)", text
+    if figure.compare == "rate":
+        if dp == 0:
+            return math.nan, "", "–"
+        change = (ddp / dp - 1) * 100
+        return change, "% (relative to DP)", f"{change:+.0f}%"
+    if figure.compare == "points":
+        return ddp - dp, "pp", f"{ddp - dp:+.1f} pp"
+    return ddp - dp, figure.unit, f"{ddp - dp:+.{figure.digits}f}"
+
+
+def _number(figure: Figure, value: float) -> str:
+    return NM if math.isnan(value) else f"{value:.{figure.digits}f}"
+
+
+def heading(group: Group) -> str:
+    """One line: the settings and hardware the group's figures hold for."""
+    k = group.key
+    gpus = f"{k['gpus']} GPU(s) driven" if k["gpus"] else "no GPU (DDP ranks are CPU processes)"
+    return (
+        f"Group {group.number}: {k['dataset']} {k['train_samples']} train / {k['test_samples']} test, "
+        f"{k['model']}, global batch {k['global_batch']}, {k['epochs']} epochs, "
+        f"grad accum {k['grad_accum_steps']}, {k['precision']}, "
+        f"{k['nodes']} node(s) × {k['gpus_per_node']} GPUs/node | "
+        f"hardware: {k['device_name']}, {gpus}, torch {k['torch']}"
+    )
+
+
+def _runs_line(group: Group) -> str:
+    parts = [
+        f"{label}: {', '.join(group.run_ids(mode)) or 'none'}" for mode, label in MODES.items()
+    ]
+    largest = [
+        f"{label}: {', '.join(ids)}"
+        for mode, label in MODES.items()
+        if (ids := group.run_ids(mode, "largest_batch"))
+    ]
+    return (
+        "Runs used: "
+        + "; ".join(parts)
+        + (f". Largest-batch runs: {'; '.join(largest)}" if largest else "")
+    )
+
+
+def to_markdown(groups: list[Group]) -> str:
+    """A heading and a GitHub Markdown table per group."""
+    return "\n\n".join(_markdown_group(group) for group in groups) + "\n"
+
+
+def _markdown_group(group: Group) -> str:
+    lines = [f"## {heading(group)}", "", _runs_line(group), ""]
+    lines += ["| metric | DP | DDP | DDP vs DP |", "|---|---:|---:|---|"]
+    for figure in FIGURES:
+        texts = [text for _, _, text in _cells(group, figure).values()]
+        lines.append("| " + " | ".join([figure.label, *texts]) + " |")
+    return "\n".join(lines)
+
+
+def _cells(group: Group, figure: Figure) -> dict[str, tuple[float, str, str]]:
+    """One figure's DP, DDP and DDP-vs-DP cells as (number, unit, text)."""
+    dp, ddp = (group.medians[mode][figure.column] for mode in MODES)
+    return {
+        "dp": (dp, figure.unit, _number(figure, dp)),
+        "ddp": (ddp, figure.unit, _number(figure, ddp)),
+        COMPARISON: comparison(figure, dp, ddp),
+    }
+
+
+def tidy(groups: list[Group]) -> pd.DataFrame:
+    """One record per (group, figure, mode or comparison): numbers as numbers, units apart."""
+    return pd.DataFrame([record for group in groups for record in _group_records(group)])
+
+
+def _group_records(group: Group) -> list[dict[str, Any]]:
+    ids = {mode: group.run_ids(mode) for mode in MODES}
+    ids[COMPARISON] = [run for mode in MODES for run in ids[mode]]
+    return [
+        {"group": group.number, "metric": figure.column, "label": figure.label, "mode": mode}
+        | {"value": value, "unit": unit, "text": text}
+        | {"runs": len(ids[mode]), "run_ids": ";".join(ids[mode]), **group.key}
+        for figure in FIGURES
+        for mode, (value, unit, text) in _cells(group, figure).items()
+    ]
+
+
+def to_csv(groups: list[Group]) -> str:
+    buffer = io.StringIO()
+    tidy(groups).to_csv(buffer, index=False)
+    return buffer.getvalue()
+
+
+def to_json(groups: list[Group]) -> str:
+    """A JSON list of the tidy records; not-measured figures are null, never NaN or 0."""
+    records = [{k: _plain(v) for k, v in r.items()} for r in tidy(groups).to_dict("records")]
+    return json.dumps(records, indent=2, ensure_ascii=False) + "\n"
+
+
+def _plain(value: Any) -> Any:
+    """Plain values: numpy scalars become Python numbers, whole floats ints, NaN becomes null."""
+    value = value.item() if hasattr(value, "item") else value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+FORMATS: dict[str, Callable[[list[Group]], str]] = {
+    "markdown": to_markdown,
+    "csv": to_csv,
+    "json": to_json,
+}

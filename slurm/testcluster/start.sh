@@ -1,0 +1,281 @@
+#!/usr/bin/env bash
+# Start a whole private Slurm cluster on this one host, for tests:
+#   MariaDB -> slurmdbd (accounting) -> slurmctld -> NODES x slurmd
+# Every file it writes (configs, state, spool, pid files, logs, database) lies under DIR.
+# Nodes are named by loopback addresses 127.0.0.11, 127.0.0.12, ... so a job's hostnames
+# (MASTER_ADDR) resolve without touching /etc/hosts. Each node claims 8 CPUs, 16000 MB and
+# 4 "GPUs" (symlinks to /dev/null), whatever the machine really has.
+#
+# Usage: start.sh DIR [NODES]      (DIR must be empty or not exist yet; NODES defaults to 2)
+# Then:  source DIR/env.sh         (exports SLURM_CONF; every Slurm client needs it)
+# Stop:  stop.sh DIR
+#
+# Environment (all optional):
+#   TESTCLUSTER_PORT_BASE     first of NODES+2 consecutive TCP ports (slurmctld, slurmdbd, nodes);
+#                             default: a random free block in 10000-29999
+#   TESTCLUSTER_FIRST_JOB_ID  first job id; default derived from the clock (see below)
+#   TESTCLUSTER_TIMEOUT       seconds to wait for the cluster to be ready (default 60)
+set -euo pipefail
+
+die() { echo "testcluster: error: $*" >&2; exit 1; }
+
+[[ $# -ge 1 && $# -le 2 ]] || die "usage: $0 DIR [NODES]"
+NODES=${2:-2}
+[[ $NODES =~ ^[0-9]+$ && $NODES -ge 1 && $NODES -le 200 ]] || die "NODES must be 1..200, got '$NODES'"
+TIMEOUT=${TESTCLUSTER_TIMEOUT:-60}
+
+# Daemons live in /usr/sbin, which a non-login shell may lack on PATH.
+export PATH="$PATH:/usr/sbin:/sbin"
+for prog in mariadbd mariadb-install-db mariadb-admin slurmdbd slurmctld slurmd sinfo sacct sacctmgr; do
+    command -v "$prog" >/dev/null || die "$prog not found: run $(dirname "$0")/install.sh first"
+done
+
+mkdir -p "$1"
+DIR=$(cd "$1" && pwd -P)   # absolute: the configs must not depend on the working directory
+[[ -z $(ls -A "$DIR") ]] || die "$DIR is not empty (stop.sh the old cluster and use a new folder)"
+mkdir -p "$DIR"/{state,run,log,dev,db}
+
+# If anything below fails, take down whatever already runs, so no daemon outlives a failed start.
+# (On success the trap is cleared at the end.)
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+trap '"$HERE/stop.sh" "$DIR" >/dev/null 2>&1 || true' EXIT
+trap 'exit 130' INT TERM   # (bash skips the EXIT trap when a signal kills it)
+
+# ---------------------------------------------------------------------------------------------
+# Ports and job ids.
+# Two clusters on one host must not share a port, so pick a random block of free ones (below
+# the kernel's ephemeral range, so no outgoing connection holds them).
+port_in_use() {   # any TCP socket (any state) bound to local port $1?
+    local hex
+    hex=$(printf '%04X' "$1")
+    cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk -v p=":$hex" '$2 ~ p"$" {f=1} END {exit !f}'
+}
+block_free() {    # are ports $1 .. $1+$2-1 all free?
+    local p
+    for ((p = $1; p < $1 + $2; p++)); do port_in_use "$p" && return 1; done
+    return 0
+}
+NPORTS=$((NODES + 2))
+if [[ -n ${TESTCLUSTER_PORT_BASE:-} ]]; then
+    BASE=$TESTCLUSTER_PORT_BASE
+    block_free "$BASE" "$NPORTS" || die "ports $BASE..$((BASE + NPORTS - 1)) are not all free"
+else
+    for _ in $(seq 50); do
+        BASE=$((10000 + (RANDOM % ((20000 - NPORTS) / 10)) * 10))
+        block_free "$BASE" "$NPORTS" && break
+        BASE=
+    done
+    [[ -n $BASE ]] || die "found no block of $NPORTS free ports in 10000-29999"
+fi
+CTLD_PORT=$BASE
+DBD_PORT=$((BASE + 1))
+NODE_PORT0=$((BASE + 2))
+
+# submitit caches job states by job id for the life of a Python process, so a second cluster
+# started by the same process must not reuse the first one's ids. Derive the first id from the
+# clock: 100 ids per second, wrapping after about 7 days, below Slurm's MaxJobId (67043328).
+if [[ -n ${TESTCLUSTER_FIRST_JOB_ID:-} ]]; then
+    FIRST_JOB_ID=$TESTCLUSTER_FIRST_JOB_ID
+else
+    FIRST_JOB_ID=$((1000 + ($(date +%s%N) / 10000000) % 60000000))
+fi
+
+# ---------------------------------------------------------------------------------------------
+# Node names and fake GPUs.
+node_name() { echo "127.0.0.$((10 + $1))"; }   # node 1 -> 127.0.0.11
+NODE_NAMES=()
+for ((i = 1; i <= NODES; i++)); do NODE_NAMES+=("$(node_name "$i")"); done
+# A gres File must exist; /dev/null works. With Count=4 and no File the node drains.
+for g in 0 1 2 3; do ln -s /dev/null "$DIR/dev/nvidia$g"; done
+
+# Unix socket paths must fit in 108 bytes: MariaDB's socket and the sockets slurmstepd creates in
+# the node spool dirs (SPOOL/127.0.0.11/127.0.0.11_JOBID.STEPID, up to ~45 bytes more). For a deep
+# DIR they go to a short folder in /tmp instead, linked as DIR/short, which stop.sh removes.
+if [[ ${#DIR} -le 50 ]]; then
+    SHORT=$DIR
+else
+    SHORT=$(mktemp -d /tmp/testcluster.XXXXXX)
+    ln -s "$SHORT" "$DIR/short"
+fi
+mkdir -p "$SHORT/spool" "$SHORT/mysql"
+for n in "${NODE_NAMES[@]}"; do mkdir -p "$SHORT/spool/$n"; done
+MYSQL_SOCKET=$SHORT/mysql/mysqld.sock
+
+CLUSTER=testcluster
+
+# ---------------------------------------------------------------------------------------------
+# Configuration files. Slurm finds slurmdbd.conf, gres.conf and plugstack.conf next to the
+# slurm.conf that SLURM_CONF names.
+cat >"$DIR/slurm.conf" <<EOF
+# Written by slurm/testcluster/start.sh: a private test cluster, $NODES node(s) on one host.
+ClusterName=$CLUSTER
+SlurmctldHost=$(hostname -s)(127.0.0.1)
+SlurmctldPort=$CTLD_PORT
+FirstJobId=$FIRST_JOB_ID
+
+# No munge: every daemon and client runs on this host as root.
+AuthType=auth/none
+CredType=cred/none
+SlurmUser=root
+SlurmdUser=root
+
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$SHORT/spool/%n
+SlurmctldPidFile=$DIR/run/slurmctld.pid
+SlurmdPidFile=$DIR/run/slurmd-%n.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+PlugStackConfig=$DIR/plugstack.conf
+
+# No cgroups in a container: track processes through /proc, bind no tasks.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+# Without batch_sched_delay=0 each batch job can wait up to 3 s to be scheduled.
+SchedulerParameters=batch_sched_delay=0
+KillWait=2
+ReturnToService=2
+# Finished jobs leave squeue after 5 s (sacct keeps them). Also makes 'sbatch --wait' poll every
+# 2 s: it lengthens its poll interval (2 s, then 8 s) only while that stays below MinJobAge/2.
+MinJobAge=5
+# Lets a node declare more CPUs/memory than the machine has (8 CPUs on 2 cores).
+SlurmdParameters=config_overrides
+GresTypes=gpu
+
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort=$DBD_PORT
+# Record GPUs per job in accounting (sacct -o AllocTRES shows gres/gpu=N).
+AccountingStorageTRES=gres/gpu
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+
+EOF
+for ((i = 1; i <= NODES; i++)); do
+    n=$(node_name "$i")
+    echo "NodeName=$n NodeAddr=$n Port=$((NODE_PORT0 + i - 1)) CPUs=8 RealMemory=16000 Gres=gpu:4 State=UNKNOWN" \
+        >>"$DIR/slurm.conf"
+    echo "NodeName=$n Name=gpu File=$DIR/dev/nvidia[0-3]" >>"$DIR/gres.conf"
+done
+echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP" >>"$DIR/slurm.conf"
+: >"$DIR/plugstack.conf"
+
+# slurmdbd refuses a slurmdbd.conf that others can read: create it with mode 600.
+(umask 077 && cat >"$DIR/slurmdbd.conf" <<EOF
+AuthType=auth/none
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort=$DBD_PORT
+SlurmUser=root
+PidFile=$DIR/run/slurmdbd.pid
+LogFile=$DIR/log/slurmdbd.log
+DebugLevel=info
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=root
+StorageLoc=slurm_acct_db
+EOF
+)
+
+cat >"$DIR/env.sh" <<EOF
+# Source this to use the test cluster in $DIR.
+export SLURM_CONF=$DIR/slurm.conf
+EOF
+export SLURM_CONF=$DIR/slurm.conf
+# slurmdbd's MariaDB client library connects to "localhost" through the socket that
+# MYSQL_UNIX_PORT names (else the system's /run/mysqld/mysqld.sock). Measured: a [client]
+# socket= in an option file is not honoured, this variable is.
+export MYSQL_UNIX_PORT=$MYSQL_SOCKET
+
+# ---------------------------------------------------------------------------------------------
+# Helpers for waiting.
+START=$(date +%s.%N)
+elapsed() { awk -v s="$START" -v n="$(date +%s.%N)" 'BEGIN {printf "%.1f", n - s}'; }
+timed_out() { awk -v s="$START" -v n="$(date +%s.%N)" -v t="$TIMEOUT" 'BEGIN {exit !(n - s > t)}'; }
+fail_with_logs() {   # $1 message, rest: log files to show
+    local msg=$1 f
+    shift
+    {
+        echo "testcluster: error: $msg (after $(elapsed) s)"
+        for f in "$@"; do
+            [[ -f $f ]] || continue
+            echo "----- last lines of $f"
+            tail -n 25 "$f"
+        done
+    } >&2
+    exit 1
+}
+say() { if [[ ${TESTCLUSTER_VERBOSE:-0} == 1 ]]; then echo "testcluster: [$(elapsed) s] $*" >&2; fi; }
+wait_for() {   # $1 what, $2 command to poll, rest: logs to show on timeout
+    local what=$1 cmd=$2
+    shift 2
+    say "waiting for $what"
+    until eval "$cmd" >/dev/null 2>&1; do
+        timed_out && fail_with_logs "timed out waiting for $what" "$@"
+        sleep 0.1
+    done
+    say "... $what: ok"
+}
+
+# ---------------------------------------------------------------------------------------------
+# MariaDB: a private data directory, no TCP, root authenticates through the socket.
+mariadb-install-db --no-defaults --datadir="$DIR/db/data" --user=root \
+    --auth-root-authentication-method=socket --skip-test-db --skip-name-resolve \
+    >"$DIR/log/mariadb-install.log" 2>&1 ||
+    fail_with_logs "mariadb-install-db failed" "$DIR/log/mariadb-install.log"
+# mariadbd does not daemonize: setsid + nohup detach it from the caller's session and output
+# (a caller that captures our stdout would otherwise wait for it forever). The small buffer pool
+# and no fsync keep it light; the data are throwaway.
+setsid nohup mariadbd --no-defaults --user=root --datadir="$DIR/db/data" \
+    --skip-networking --socket="$MYSQL_SOCKET" --pid-file="$DIR/run/mariadbd.pid" \
+    --log-error="$DIR/log/mariadbd.log" --skip-name-resolve \
+    --innodb-buffer-pool-size=32M --innodb-log-file-size=16M \
+    --innodb-flush-log-at-trx-commit=0 --innodb-doublewrite=0 --innodb-flush-method=nosync \
+    --performance-schema=OFF --skip-log-bin \
+    </dev/null >>"$DIR/log/mariadbd.log" 2>&1 &
+# Its pid file appears only once it is up; remember the pid now so stop.sh can always find it.
+echo $! >"$DIR/run/mariadbd.launch.pid"
+wait_for "MariaDB" "mariadb-admin --no-defaults --socket='$MYSQL_SOCKET' ping" "$DIR/log/mariadbd.log"
+
+# ---------------------------------------------------------------------------------------------
+# Slurm daemons. Each daemonizes itself (writes its pid file, detaches from our output).
+slurmdbd </dev/null >>"$DIR/log/slurmdbd.log" 2>&1 ||
+    fail_with_logs "slurmdbd did not start" "$DIR/log/slurmdbd.log"
+wait_for "slurmdbd on port $DBD_PORT" "sacctmgr -n list cluster" "$DIR/log/slurmdbd.log" "$DIR/log/mariadbd.log"
+
+# -i: ignore any saved state (there is none; keeps a failed run from confusing the next).
+slurmctld -i -f "$DIR/slurm.conf" </dev/null >>"$DIR/log/slurmctld.log" 2>&1 ||
+    fail_with_logs "slurmctld did not start" "$DIR/log/slurmctld.log"
+
+for n in "${NODE_NAMES[@]}"; do
+    slurmd -N "$n" -f "$DIR/slurm.conf" </dev/null >>"$DIR/log/slurmd-$n.log" 2>&1 ||
+        fail_with_logs "slurmd $n did not start" "$DIR/log/slurmd-$n.log"
+done
+
+# ---------------------------------------------------------------------------------------------
+# Ready = every node idle, and the controller has registered the cluster with slurmdbd (before
+# that, sacct answers but jobs are not yet accounted to this cluster).
+all_idle() {
+    local states
+    states=$(sinfo -h -N -o '%t' 2>/dev/null) || return 1
+    [[ $(grep -cx idle <<<"$states") -eq $NODES ]]
+}
+node_logs=()
+for n in "${NODE_NAMES[@]}"; do node_logs+=("$DIR/log/slurmd-$n.log"); done
+wait_for "all $NODES nodes idle" all_idle "$DIR/log/slurmctld.log" "${node_logs[@]}"
+wait_for "accounting (cluster $CLUSTER registered)" \
+    "sacctmgr -n -P list cluster format=cluster | grep -qx $CLUSTER && sacct -n -X" \
+    "$DIR/log/slurmdbd.log" "$DIR/log/slurmctld.log"
+
+# The controller runs its first scheduling cycle 2-3 s after it started; until then batch jobs
+# stay pending. Wait for it, so that the first test job starts as fast as any later one.
+sched_cycles() { sdiag 2>/dev/null | awk '/^Main schedule/ {m=1} m && /Total cycles:/ {print $3; exit}'; }
+wait_for "the first scheduling cycle" '[[ $(sched_cycles) -ge 1 ]]' "$DIR/log/slurmctld.log"
+
+trap - EXIT
+echo "testcluster: $NODES node(s) ready in $(elapsed) s: source $DIR/env.sh" \
+    "(slurmctld port $CTLD_PORT, slurmdbd port $DBD_PORT, first job id $FIRST_JOB_ID)"

@@ -1,0 +1,154 @@
+"""A private, real Slurm cluster for tests: a thin wrapper around slurm/testcluster/*.sh.
+
+    cluster = SlurmCluster.start(tmp_dir, nodes=2)   # MariaDB, slurmdbd, slurmctld, 2 slurmd
+    cluster.run("sbatch", "--wait", "--wrap", "true")
+    cluster.stop()
+
+Every Slurm client needs SLURM_CONF; `cluster.env` holds it, `cluster.run` passes it on.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "slurm" / "testcluster"
+
+# sacct states after which a job never changes again (REQUEUED is not one: the job runs again).
+FINAL_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "REVOKED",
+        "TIMEOUT",
+    }
+)
+
+
+class SlurmClusterError(RuntimeError):
+    """A script of slurm/testcluster failed; the message carries its output."""
+
+
+def _script(name: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SCRIPTS / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def install(timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Install Slurm and MariaDB from Debian's packages unless present (needs root and apt)."""
+    return _script("install.sh", timeout=timeout)
+
+
+class SlurmCluster:
+    """A running test cluster whose files all lie under `dir`."""
+
+    def __init__(self, dir: Path, nodes: int) -> None:
+        self.dir = dir
+        self.nodes = nodes
+
+    @classmethod
+    def start(cls, dir: Path | str, nodes: int = 2, timeout: float = 120) -> SlurmCluster:
+        """Start a cluster of `nodes` nodes (127.0.0.11, .12, ...; 8 CPUs and 4 fake GPUs each)
+        in the empty or new folder `dir`. Returns once every node is idle and accounting works."""
+        path = Path(dir).resolve()
+        try:
+            done = _script("start.sh", str(path), str(nodes), timeout=timeout)
+        except subprocess.TimeoutExpired as error:
+            # Killed start.sh could not clean up after itself: stop what it started.
+            _script("stop.sh", str(path), timeout=120)
+            raise SlurmClusterError(f"start.sh {path} {nodes} took over {timeout} s") from error
+        if done.returncode != 0:
+            raise SlurmClusterError(
+                f"start.sh {path} {nodes} failed ({done.returncode}):\n{done.stdout}{done.stderr}"
+            )
+        return cls(path, nodes)
+
+    def stop(self, timeout: float = 120) -> None:
+        """Cancel all jobs and stop every daemon. Safe to call twice."""
+        done = _script("stop.sh", str(self.dir), timeout=timeout)
+        if done.returncode != 0:
+            raise SlurmClusterError(
+                f"stop.sh {self.dir} failed ({done.returncode}):\n{done.stdout}{done.stderr}"
+            )
+
+    @property
+    def conf(self) -> Path:
+        return self.dir / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a process needs in its environment to talk to this cluster."""
+        return {"SLURM_CONF": str(self.conf)}
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"127.0.0.{10 + i}" for i in range(1, self.nodes + 1)]
+
+    def run(
+        self,
+        *args: str,
+        timeout: float = 120,
+        cwd: Path | str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command (sbatch, srun, sacct, ...) against this cluster, output
+        captured as text. Does not raise on a non-zero exit: check `returncode`."""
+        return subprocess.run(
+            list(args),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=cwd,
+            env={**os.environ, **(env or {}), **self.env},
+            check=False,
+        )
+
+    def wait_job(self, job_id: str | int, timeout: float = 60) -> str:
+        """`wait_job` for a job of this cluster."""
+        return wait_job(job_id, timeout, env=self.env)
+
+
+def job_state(job_id: str | int, env: dict[str, str] | None = None) -> str | None:
+    """The job's state as accounting knows it (first word: "CANCELLED by 0" -> "CANCELLED"),
+    or None while accounting has no record of it yet."""
+    done = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+    words = done.stdout.split()
+    if done.returncode != 0 or not words:
+        return None
+    return words[0]
+
+
+def wait_job(job_id: str | int, timeout: float = 60, env: dict[str, str] | None = None) -> str:
+    """Wait until the job has ended and return its final sacct state (COMPLETED, FAILED,
+    CANCELLED, TIMEOUT, ...). SLURM_CONF comes from `env` or else from os.environ.
+    Raises TimeoutError with the last state seen when the job has not ended in time."""
+    deadline = time.monotonic() + timeout
+    state = None
+    while True:
+        state = job_state(job_id, env)
+        if state in FINAL_STATES:
+            return state
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} still {state or 'unknown'} after {timeout} s")
+        time.sleep(0.2)

@@ -1,0 +1,216 @@
+"""`python -m analysis summarize` on run folders that the kit itself made: what a user sees."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from kit import SMALL, kit, records, run_folder
+
+from analysis.load import FIGURES
+from analysis.table import comparison
+
+LABELS = {f.column: f.label for f in FIGURES}
+
+
+def _submit(tmp: Path, *args: str) -> Path:
+    where = [f"output.root={tmp}/runs", f"data.root={tmp}/data", "cluster.backend=local"]
+    done = kit("launch", "submit", *args, *SMALL, "cluster.gpus_per_node=2", *where, "--wait")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return run_folder(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A DP and a DDP run of the same settings, and a DP run of another global batch."""
+    tmp = tmp_path_factory.mktemp("analysis")
+    return {
+        "dp": _submit(tmp, "--mode", "dp"),
+        "ddp": _submit(tmp, "--mode", "ddp"),
+        "dp-256": _submit(tmp, "--mode", "dp", "train.global_batch_size=256"),
+    }
+
+
+def _summarize(*args: str | Path, cwd: Path | None = None) -> tuple[int, str, str]:
+    done = kit("analysis", "summarize", *map(str, args), cwd=cwd)
+    return done.returncode, done.stdout, done.stderr
+
+
+def _tables(markdown: str) -> dict[str, dict[str, list[str]]]:
+    """Each group's heading → its table as {row name: [DP, DDP, DDP vs DP]}."""
+    tables: dict[str, dict[str, list[str]]] = {}
+    for block in markdown.split("## ")[1:]:
+        heading, *lines = block.splitlines()
+        rows = [
+            [c.strip() for c in line.strip("|").split("|")]
+            for line in lines
+            if line.startswith("|")
+        ]
+        assert rows[0] == ["metric", "DP", "DDP", "DDP vs DP"]
+        tables[heading] = {row[0]: row[1:] for row in rows[2:]}
+    return tables
+
+
+def _steady_epoch_seconds(run_dir: Path, ranks: int) -> float:
+    """Epoch 2 ends when its slowest rank ends (with 2 epochs the steady state is epoch 2 alone)."""
+    return max(
+        r["seconds"] for rank in range(ranks) for r in records(run_dir, rank) if r.get("epoch") == 2
+    )
+
+
+def test_markdown_table_puts_dp_and_ddp_side_by_side(runs: dict[str, Path]) -> None:
+    code, out, err = _summarize("--root", runs["dp"].parent)
+    assert code == 0, err
+    table = next(t for heading, t in _tables(out).items() if "global batch 512" in heading)
+    assert list(table) == list(LABELS.values())
+    assert table["runs"] == ["1", "1", ""]
+    dp, ddp, speed = table[LABELS["epoch_s"]]
+    assert float(dp) == round(_steady_epoch_seconds(runs["dp"], 1), 2)
+    assert float(ddp) == round(_steady_epoch_seconds(runs["ddp"], 2), 2)
+    assert re.fullmatch(r"\d+\.\d\d× (faster|slower)", speed)
+    assert re.fullmatch(r"[+-]\d+%", table[LABELS["throughput"]][2])
+    assert re.fullmatch(r"[+-]\d+\.\d pp", table[LABELS["final_test_accuracy"]][2])
+    for row in (
+        "util_pct_main",
+        "max_allocated_mb_other",
+        "nvml_used_mb_peak_main",
+        "largest_batch",
+    ):
+        assert table[LABELS[row]] == ["n/m", "n/m", "n/m"]  # a CPU run measures no GPU figure
+
+
+def test_runs_of_other_settings_get_their_own_table(runs: dict[str, Path]) -> None:
+    _, out, _ = _summarize("--root", runs["dp"].parent)
+    tables = _tables(out)
+    assert len(tables) == 2
+    heading = next(h for h in tables if "global batch 256" in h)
+    assert "CPU" in heading and "torch" in heading
+    assert f"DP: {runs['dp-256'].name}; DDP: none" in out
+    assert tables[heading]["runs"] == ["1", "0", ""]
+    assert tables[heading][LABELS["epoch_s"]][1:] == ["n/m", "n/m"]
+
+
+def test_repeats_of_one_setting_give_the_median_and_their_count(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """A second DP run, its epochs twice as slow: the pooled figure is the median of the two."""
+    repeat = Path(shutil.copytree(runs["dp"], tmp_path / "20991231-000000-dp-1n2g-0000"))
+    meta = json.loads((repeat / "run.json").read_text()) | {"run_id": repeat.name}
+    (repeat / "run.json").write_text(json.dumps(meta))
+    path = repeat / "metrics" / "rank-00000.jsonl"
+    slower = [
+        r | {"seconds": 2 * r["seconds"]} if r["kind"] == "epoch" else r for r in records(repeat)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in slower))
+    code, out, err = _summarize(runs["dp"], runs["ddp"], repeat)
+    assert code == 0, err
+    (table,) = _tables(out).values()
+    assert table["runs"] == ["2", "1", ""]
+    expected = 1.5 * _steady_epoch_seconds(runs["dp"], 1)
+    assert float(table[LABELS["epoch_s"]][0]) == pytest.approx(expected, abs=0.006)
+
+
+def test_csv_and_json_carry_every_figure_as_numbers(runs: dict[str, Path]) -> None:
+    _, csv_out, _ = _summarize(runs["dp"], runs["ddp"], "--format", "csv")
+    _, json_out, _ = _summarize(runs["dp"], runs["ddp"], "--format", "json")
+    for frame in (pd.read_csv(io.StringIO(csv_out)), pd.DataFrame(json.loads(json_out))):
+        assert set(frame["metric"]) == set(LABELS) and set(frame["mode"]) == {
+            "dp",
+            "ddp",
+            "ddp_vs_dp",
+        }
+        assert (frame["global_batch"] == 512).all() and (
+            frame["device_name"].str.startswith("CPU")
+        ).all()
+        epoch = frame[frame["metric"] == "epoch_s"].set_index("mode")
+        assert epoch.loc["dp", "unit"] == "s" and epoch.loc["ddp", "value"] > 0
+        assert epoch.loc["ddp_vs_dp", "value"] == pytest.approx(
+            epoch.loc["dp", "value"] / epoch.loc["ddp", "value"]
+        )
+        util = frame.loc[frame["metric"] == "util_pct_main", "value"]
+        assert len(util) == 3 and util.isna().all()  # n/m, not 0
+    assert "NaN" not in json_out
+
+
+@pytest.mark.parametrize(("rank", "kept"), [(1, True), (0, False)])
+def test_a_line_cut_short_is_skipped_with_a_warning(
+    runs: dict[str, Path], tmp_path: Path, rank: int, kept: bool
+) -> None:
+    run_dir = Path(shutil.copytree(runs["ddp"], tmp_path / runs["ddp"].name))
+    path = run_dir / "metrics" / f"rank-{rank:05d}.jsonl"
+    text = path.read_text()
+    path.write_text(text[: len(text) - 40])  # the job was killed while writing its summary
+    code, out, err = _summarize(run_dir)
+    assert f"{path}:4: unreadable line skipped" in err
+    if kept:  # every epoch is there: the figures stand, rank 1's per-card figures are n/m
+        assert code == 0 and "rank 1 has no summary record" in err
+        assert _tables(out)  # the table is printed
+    else:  # no final accuracy without rank 0's summary: the run is left out, and said so
+        assert code == 1 and f"skipped {run_dir.name}: no summary from rank 0" in err
+        assert "nothing to summarize" in err.splitlines()[-1]
+
+
+def test_a_run_without_metrics_is_reported_not_fatal(runs: dict[str, Path], tmp_path: Path) -> None:
+    queued = tmp_path / "runs" / "20000101-000000-ddp-1n2g-beef"
+    queued.mkdir(parents=True)
+    shutil.copy(runs["ddp"] / "config.yaml", queued)
+    meta = json.loads((runs["ddp"] / "run.json").read_text()) | {"run_id": queued.name}
+    (queued / "run.json").write_text(json.dumps(meta))
+    code, out, err = _summarize(queued.parent, runs["dp"], runs["ddp"])
+    assert code == 0 and len(_tables(out)) == 1
+    assert f"skipped {queued.name}: no metrics yet" in err
+
+
+def test_plot_writes_a_png(runs: dict[str, Path], tmp_path: Path) -> None:
+    image = tmp_path / "plots" / "comparison.png"
+    code, _, err = _summarize("--root", runs["dp"].parent, "--plot", image)
+    assert code == 0, err
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.stat().st_size > 20_000
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["/no/such/run"], "/no/such/run does not exist"),
+        (["{tmp}"], "is not a run folder and holds none"),
+        ([], "no runs found under runs/: make one with `python -m launch submit"),
+        (["--format", "xml", "{tmp}"], "--format xml is not known: use one of markdown, csv, json"),
+        (["--plot", "out.gif"], "end the name in .png or .svg or .pdf"),
+        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    code, out, err = _summarize(*(a.format(tmp=tmp_path) for a in args), cwd=tmp_path)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err
+
+
+def test_help_explains_the_command() -> None:
+    top = kit("analysis", "--help")
+    assert top.returncode == 0 and "summarize" in top.stdout
+    sub = kit("analysis", "summarize", "--help")
+    assert sub.returncode == 0
+    assert all(word in sub.stdout for word in ("RUN_DIR", "--root", "--format", "--plot", "n/m"))
+
+
+@pytest.mark.parametrize(
+    ("column", "dp", "ddp", "text"),
+    [
+        ("epoch_s", 4.2, 2.0, "2.10× faster"),
+        ("startup_s", 10.0, 13.0, "1.30× slower"),
+        ("throughput", 100.0, 210.0, "+110%"),
+        ("final_test_accuracy", 97.1, 97.5, "+0.4 pp"),
+        ("epoch_s", math.nan, 2.0, "n/m"),
+    ],
+)
+def test_the_improvement_column_reads_like_the_article(
+    column: str, dp: float, ddp: float, text: str
+) -> None:
+    figure = next(f for f in FIGURES if f.column == column)
+    assert comparison(figure, dp, ddp)[2] == text
