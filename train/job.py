@@ -389,13 +389,11 @@ def _start_record(ctx: Context, train_samples: int, test_samples: int) -> dict[s
     cfg, env = ctx.cfg, ctx.env
     cuda = ctx.device.type == "cuda"
     return {
-        **{
-            k: v
-            for k, v in env.as_dict().items()
-            if k not in ("master_addr", "master_port", "job_id")
-        },
-        "job_id": env.job_id,
+        **env.as_dict(),
         "host": socket.gethostname(),
+        # Slurm's node name: emulated nodes (and containers) can share one hostname.
+        "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "mode": cfg.mode,
         "backend": dist.get_backend() if dist.is_initialized() else "none",
         "device": str(ctx.device),
