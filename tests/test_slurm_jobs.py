@@ -1,0 +1,305 @@
+"""The kit on a real Slurm cluster: sbatch scripts, submitit jobs, sweeps, status/cancel/logs.
+
+The session's test cluster has two nodes of 4 fake GPUs each (no CUDA: DDP runs over gloo).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kit import REPO, SMALL, kit, records, run_folder
+from slurm_cluster import SlurmCluster, wait_job
+
+pytestmark = pytest.mark.slurm
+
+# One CPU thread per task: the test nodes declare 8 CPUs on a 2-core machine.
+SBATCH_SMALL = [*SMALL, "train.checkpoint=false"]
+
+
+def _sbatch(cluster: SlurmCluster, tmp: Path, *args: str) -> tuple[str, str, str]:
+    """Submit and wait; returns (job id, its final state in accounting, the job's output)."""
+    done = cluster.run(
+        "sbatch",
+        "--parsable",
+        "--wait",
+        "--cpus-per-task=1",
+        f"--output={tmp}/slurm-%j.out",
+        *args,
+        timeout=300,
+    )
+    job_id = done.stdout.strip().split(";")[0]
+    assert job_id, done.stderr
+    return job_id, cluster.wait_job(job_id), (tmp / f"slurm-{job_id}.out").read_text()
+
+
+def _kit_env(tmp: Path) -> list[str]:
+    return [f"output.root={tmp}/runs", f"data.root={tmp}/data"]
+
+
+@pytest.fixture(autouse=True)
+def _python_for_scripts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sbatch passes the environment on: the scripts run this interpreter, which has the kit."""
+    monkeypatch.setenv("KIT_PYTHON", sys.executable)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+
+
+def test_ddp_sbatch_script_writes_a_run_folder(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    job_id, state, out = _sbatch(
+        slurm_cluster,
+        tmp_path,
+        "--gpus-per-node=2",
+        "--ntasks-per-node=2",
+        str(REPO / "slurm/ddp.sbatch"),
+        *SBATCH_SMALL,
+        *_kit_env(tmp_path),
+    )
+    assert state == "COMPLETED", out
+    run_dir = Path(out.split("run folder: ")[1].split()[0])
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert (meta["launcher"], meta["backend"], meta["job_id"]) == ("sbatch", "slurm", job_id)
+    starts = [records(run_dir, rank)[0] for rank in range(2)]
+    assert [(s["source"], s["rank"], s["local_rank"], s["world_size"]) for s in starts] == [
+        ("slurm", 0, 0, 2),
+        ("slurm", 1, 1, 2),
+    ]
+    assert {s["master_port"] for s in starts} == {20000 + int(job_id) % 40000}
+    assert (run_dir / "logs" / "rank-1.out").is_file()
+    table = kit("analysis", "summarize", str(run_dir))
+    assert table.returncode == 0 and "| runs | 0 | 1 |" in table.stdout
+
+
+def test_two_node_ddp_trains_in_step(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    _, state, out = _sbatch(
+        slurm_cluster,
+        tmp_path,
+        "--nodes=2",
+        "--ntasks-per-node=2",
+        "--gpus-per-node=2",
+        str(REPO / "slurm/ddp.sbatch"),
+        *SBATCH_SMALL,
+        *_kit_env(tmp_path),
+    )
+    assert state == "COMPLETED", out
+    run_dir = Path(out.split("run folder: ")[1].split()[0])
+    per_rank = [records(run_dir, rank) for rank in range(4)]
+    starts = [r[0] for r in per_rank]
+    assert [(s["rank"], s["local_rank"], s["node_rank"]) for s in starts] == [
+        (0, 0, 0),
+        (1, 1, 0),
+        (2, 0, 1),
+        (3, 1, 1),
+    ]
+    assert [s["node"] for s in starts] == ["127.0.0.11", "127.0.0.11", "127.0.0.12", "127.0.0.12"]
+    assert {s["master_addr"] for s in starts} == {"127.0.0.11"}
+    assert len({r[-1]["parameters_sha256"] for r in per_rank}) == 1  # all four replicas identical
+    assert "nodes: 2" in (run_dir / "config.yaml").read_text()
+
+
+def test_dp_sbatch_script_and_its_refusal_of_two_nodes(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    _, state, out = _sbatch(
+        slurm_cluster, tmp_path, str(REPO / "slurm/dp.sbatch"), *SBATCH_SMALL, *_kit_env(tmp_path)
+    )
+    assert state == "COMPLETED", out
+    start = records(Path(out.split("run folder: ")[1].split()[0]))[0]
+    assert (start["mode"], start["world_size"], start["cuda_visible_devices"]) == (
+        "dp",
+        1,
+        "0,1,2,3",
+    )
+    _, state, out = _sbatch(
+        slurm_cluster, tmp_path, "--nodes=2", str(REPO / "slurm/dp.sbatch"), *_kit_env(tmp_path)
+    )
+    assert state == "FAILED", out
+    assert "DataParallel runs in one process on one node" in out and "use --mode ddp" in out
+
+
+def test_batch_script_without_srun_is_caught(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    prepared = kit(
+        "launch", "prepare", "--mode", "ddp", "cluster.gpus_per_node=2", *SMALL, *_kit_env(tmp_path)
+    )
+    assert prepared.returncode == 0, prepared.stderr
+    _, state, out = _sbatch(
+        slurm_cluster,
+        tmp_path,
+        "--ntasks=2",
+        "--wrap",
+        f"{sys.executable} -m train run {prepared.stdout.strip()}",
+    )
+    assert state == "FAILED", out
+    assert "without srun" in out and "srun python -m train run RUN_DIR" in out
+
+
+@pytest.mark.parametrize(("binding", "seen"), [("node", ["0,1", "0,1"]), ("task", ["0", "1"])])
+def test_submitit_ddp_binds_gpus(
+    slurm_cluster: SlurmCluster, tmp_path: Path, binding: str, seen: list[str]
+) -> None:
+    done = kit(
+        "launch",
+        "submit",
+        "--mode",
+        "ddp",
+        "cluster.backend=slurm",
+        "cluster.gpus_per_node=2",
+        "cluster.cpus_per_task=1",
+        f"cluster.gpu_binding={binding}",
+        *SBATCH_SMALL,
+        *_kit_env(tmp_path),
+        "--wait",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = run_folder(done.stdout)
+    starts = [records(run_dir, rank)[0] for rank in range(2)]
+    assert [s["cuda_visible_devices"] for s in starts] == seen
+    assert {s["source"] for s in starts} == {"submitit"}
+    status = kit("launch", "status", str(run_dir))
+    assert "COMPLETED" in status.stdout and "2/2" in status.stdout
+
+
+def test_status_cancel_and_logs(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    done = kit(
+        "launch",
+        "submit",
+        "--mode",
+        "ddp",
+        "cluster.backend=slurm",
+        "cluster.gpus_per_node=2",
+        "cluster.cpus_per_task=1",
+        "train.epochs=500",
+        "data.train_size=1024",
+        "data.test_size=256",
+        *_kit_env(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
+    run_dir = run_folder(done.stdout)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "metrics" / "rank-00000.jsonl").is_file() and time.monotonic() < deadline:
+        time.sleep(1)
+    status = kit("launch", "status", "--root", f"{tmp_path}/runs")
+    assert status.stdout.splitlines()[0].split() == [
+        "RUN",
+        "MODE",
+        "BACKEND",
+        "JOB",
+        "STATE",
+        "NODES",
+        "ELAPSED",
+        "EPOCH",
+    ]
+    assert " RUNNING " in status.stdout
+    logs = kit("launch", "logs", str(run_dir), "--rank", "1")
+    assert (
+        logs.returncode == 0 and "_1_log.out <==" in logs.stdout and "global_rank=1" in logs.stdout
+    )
+    cancelled = kit("launch", "cancel", str(run_dir))
+    assert cancelled.returncode == 0 and "cancelled Slurm job" in cancelled.stdout
+    job_id = json.loads((run_dir / "run.json").read_text())["job_id"]
+    assert wait_job(job_id, timeout=60, env=slurm_cluster.env) == "CANCELLED"
+    assert " CANCELLED " in kit("launch", "status", str(run_dir)).stdout
+
+
+def test_two_ddp_jobs_share_a_node(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    args = [
+        "launch",
+        "submit",
+        "--mode",
+        "ddp",
+        "cluster.backend=slurm",
+        "cluster.gpus_per_node=2",
+        "cluster.cpus_per_task=1",
+        "cluster.sbatch_extra.nodelist=127.0.0.12",
+        *SBATCH_SMALL,
+        *_kit_env(tmp_path),
+        "--wait",
+    ]
+    jobs = [
+        subprocess.Popen(
+            [sys.executable, "-m", *args],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=os.environ,
+        )
+        for _ in range(2)
+    ]
+    outs = [job.communicate(timeout=300)[0] for job in jobs]
+    assert [job.returncode for job in jobs] == [0, 0], outs
+    starts = [records(run_folder(out))[0] for out in outs]
+    assert {s["node"] for s in starts} == {"127.0.0.12"}
+    assert starts[0]["master_port"] != starts[1]["master_port"]
+    first, second = (records(run_folder(out))[-1] for out in outs)
+    assert (
+        first["time"] - first["total_seconds"] < second["time"]
+        and second["time"] - second["total_seconds"] < first["time"]
+    )
+
+
+def test_sweep_is_one_array_that_analysis_compares(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    done = kit(
+        "launch",
+        "sweep",
+        "--modes",
+        "dp,ddp",
+        "--grid",
+        "train.global_batch_size=256,512",
+        "cluster.backend=slurm",
+        "cluster.gpus_per_node=2",
+        "cluster.cpus_per_task=1",
+        *SBATCH_SMALL,
+        *_kit_env(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
+    job_ids = [line.split()[2] for line in done.stdout.splitlines()]
+    assert len(job_ids) == 4 and len({j.split("_")[0] for j in job_ids}) == 1  # one array
+    assert [wait_job(j, timeout=300, env=slurm_cluster.env) for j in job_ids] == ["COMPLETED"] * 4
+    table = kit("analysis", "summarize", "--root", f"{tmp_path}/runs")
+    assert table.returncode == 0, table.stderr
+    assert (
+        table.stdout.count("| runs | 1 | 1 |") == 2
+    )  # two groups (batch 256 and 512), DP beside DDP
+    assert "global batch 256" in table.stdout and "global batch 512" in table.stdout
+
+
+def test_dry_run_prints_the_script_and_submits_nothing(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    done = kit(
+        "launch",
+        "submit",
+        "--dry-run",
+        "--mode",
+        "ddp",
+        "--nodes",
+        "2",
+        "cluster.backend=slurm",
+        "cluster.partition=debug",
+        "cluster.account=proj",
+        "cluster.mem_gb=16",
+        "cluster.exclusive=true",
+        'cluster.setup=["module load cuda"]',
+        *_kit_env(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --partition=debug",
+        "#SBATCH --account=proj",
+        "#SBATCH --mem=16GB",
+        "#SBATCH --exclusive",
+        "module load cuda",
+        "--kill-on-bad-exit=1",
+    ):
+        assert line in done.stdout, line
+    assert not (tmp_path / "runs").exists()
+    assert slurm_cluster.run("squeue", "-h").stdout.strip() == ""
