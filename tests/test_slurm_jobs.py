@@ -159,8 +159,10 @@ def test_submitit_ddp_binds_gpus(
     starts = [records(run_dir, rank)[0] for rank in range(2)]
     assert [s["cuda_visible_devices"] for s in starts] == seen
     assert {s["source"] for s in starts} == {"submitit"}
+    job_id = json.loads((run_dir / "run.json").read_text())["job_id"]
+    assert wait_job(job_id, timeout=60, env=slurm_cluster.env) == "COMPLETED"  # sacct lags a little
     status = kit("launch", "status", str(run_dir))
-    assert "COMPLETED" in status.stdout and "2/2" in status.stdout
+    assert " COMPLETED " in status.stdout and " 2/2" in status.stdout
 
 
 def test_status_cancel_and_logs(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:

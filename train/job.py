@@ -116,12 +116,9 @@ def process_start_time() -> float:
 
 def _setup(cfg: Config, env: distenv.DistEnv, run_dir: Path) -> Context:
     device, gpus = _pick_device(cfg, env)
-    torch.set_num_threads(
-        _cpu_threads(env)
-    )  # N tasks on shared cores: oversubscription halves speed
-    torch.manual_seed(
-        cfg.train.seed
-    )  # same initial weights everywhere (DDP broadcasts rank 0's anyway)
+    torch.set_num_threads(_cpu_threads(cfg, env))
+    # The same initial weights everywhere (DDP broadcasts rank 0's anyway).
+    torch.manual_seed(cfg.train.seed)
     if cfg.mode == "ddp":
         env.export()
         if device.type == "cuda":
@@ -157,10 +154,16 @@ def _pick_device(cfg: Config, env: distenv.DistEnv) -> tuple[torch.device, int]:
     return torch.device("cuda", env.local_rank), 1
 
 
-def _cpu_threads(env: distenv.DistEnv) -> int:
-    if "SLURM_CPUS_PER_TASK" in os.environ:
-        return max(1, int(os.environ["SLURM_CPUS_PER_TASK"]))
-    return max(1, len(os.sched_getaffinity(0)) // env.local_world_size)
+def _cpu_threads(cfg: Config, env: distenv.DistEnv) -> int:
+    """The CPUs the job asked for per task (Slurm's word, else the config's), never more than this
+    machine's cores per task: N tasks oversubscribing shared cores run at half speed or worse."""
+    asked = os.environ.get("SLURM_CPUS_PER_TASK")
+    wanted = (
+        int(asked)
+        if asked
+        else cfg.cluster.cpus_per_task * (cfg.cluster.gpus_per_node if cfg.mode == "dp" else 1)
+    )
+    return max(1, min(wanted, len(os.sched_getaffinity(0)) // env.local_world_size))
 
 
 def _dist_backend(cfg: Config) -> str:
