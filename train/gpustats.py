@@ -1,8 +1,10 @@
 """GPU figures of one process: NVML utilisation and memory sampled in a thread, allocator peaks.
 
+All figures cover the training phases only: `resume` and `pause` bracket each epoch's training.
+
 NVML's utilisation is the share of time in the last sample period (1/6 s to 1 s, by GPU) during
-which at least one kernel ran on the GPU; it says nothing of how full the GPU was. The sampler runs
-only while training (`resume`/`pause` around each epoch's training part), not during evaluation.
+which at least one kernel ran on the GPU; it says nothing of how full the GPU was. NVML's used
+memory is the driver's view: the CUDA context, the allocator's cache and other processes included.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ class GpuSampler:
         self._handles = _nvml_handles(devices)
         self._util: list[list[int]] = [[] for _ in devices]
         self._used_mb: list[float] = [0.0 for _ in devices]
+        self._allocated_mb: list[float] = [0.0 for _ in devices]
+        self._reserved_mb: list[float] = [0.0 for _ in devices]
         self._active = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gpu-sampler", daemon=True)
@@ -36,10 +40,20 @@ class GpuSampler:
         return bool(self._handles)
 
     def resume(self) -> None:
+        """Start a training phase: allocator peaks count from here (evaluation is left out)."""
+        for device in self.devices:
+            torch.cuda.reset_peak_memory_stats(device)
         self._active.set()
 
     def pause(self) -> None:
         self._active.clear()
+        for i, device in enumerate(self.devices):
+            self._allocated_mb[i] = max(
+                self._allocated_mb[i], torch.cuda.max_memory_allocated(device) / 2**20
+            )
+            self._reserved_mb[i] = max(
+                self._reserved_mb[i], torch.cuda.max_memory_reserved(device) / 2**20
+            )
 
     def close(self) -> None:
         self._stop.set()
@@ -59,8 +73,8 @@ class GpuSampler:
             "util_pct": sum(samples) / len(samples) if samples else None,
             "util_samples": len(samples),
             "nvml_used_mb_peak": self._used_mb[i] if self._handles else None,
-            "max_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20,
-            "max_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20,
+            "max_allocated_mb": self._allocated_mb[i],
+            "max_reserved_mb": self._reserved_mb[i],
         }
 
     def _loop(self) -> None:

@@ -202,9 +202,9 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
         train_set, env.world_size, env.rank, shuffle=True, seed=cfg.train.seed
     )
     loader = _loader(ctx, train_set, per_rank_batch(cfg), sampler)
-    test_loader = _loader(
-        ctx, Subset(test_set, range(env.rank, len(test_set), env.world_size)), 1024
-    )
+    # Evaluation takes the training batch, so no phase needs more memory per card than training.
+    test_shard = Subset(test_set, range(env.rank, len(test_set), env.world_size))
+    test_loader = _loader(ctx, test_shard, per_rank_batch(cfg) * cfg.train.grad_accum_steps)
     model = _wrap(ctx, build(cfg.model.name, cfg.model.dropout).to(ctx.device))
     raw_model = typing.cast(nn.Module, model.module)  # the bare model inside DP/DDP
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.train.lr, momentum=cfg.train.momentum)
