@@ -63,7 +63,8 @@ def _per_card(column: str, title: str, ylabel: str) -> Callable[[Axes, Group], N
         ax.set_xlim(-0.6, len(MODES) - 0.4)
         ax.margins(y=0.15)
         ax.set(title=title, ylabel=ylabel)
-        ax.legend(loc="upper left", fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # nothing measured (no GPU): no legend to draw
+            ax.legend(loc="upper left", fontsize=8)
 
     return panel
 

@@ -49,6 +49,10 @@ HEADER = ["RUN", "MODE", "BACKEND", "JOB", "STATE", "NODES", "ELAPSED", "EPOCH"]
 def status(run_dir: Path) -> RunStatus:
     meta = runs.read_meta(run_dir)
     job_id = str(meta.get("job_id") or "-")
+    if meta.get("submit_error"):
+        return RunStatus(
+            run_dir.name, meta["mode"], meta["backend"], job_id, "NOT-SUBMITTED", "-", "-", "-"
+        )
     if meta["backend"] == "slurm":
         state, elapsed, nodes = _slurm_state(job_id) or _folder_state(run_dir, meta)
     else:

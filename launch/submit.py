@@ -106,9 +106,25 @@ def submit(cfg: Config, command: list[str]) -> tuple[Path, submitit.Job[Any]]:
         )
     run_dir = runs.create(cfg, launcher="launch", backend=backend, command=command)
     executor = make_executor(cfg, run_dir, backend)
-    job = executor.submit(run, str(run_dir))
+    try:
+        job = executor.submit(run, str(run_dir))
+    except submitit.core.utils.FailedSubmissionError as err:
+        runs.update_meta(run_dir, submit_error=str(err))
+        raise SubmitError(
+            f"Slurm refused the job: {_scheduler_words(err)} (run folder kept: {run_dir})"
+        ) from None
     runs.update_meta(run_dir, job_id=str(job.job_id))
     return run_dir, job
+
+
+class SubmitError(RuntimeError):
+    """The scheduler refused the job; the message carries its reason."""
+
+
+def _scheduler_words(err: Exception) -> str:
+    """sbatch's own error line(s), without submitit's wrapping."""
+    lines = [line.strip() for line in str(err).splitlines() if "error" in line.lower()]
+    return " ".join(dict.fromkeys(lines)) or str(err).strip()
 
 
 def follow(job: submitit.Job[Any], run_dir: Path, say: Callable[[str], None] = print) -> bool:

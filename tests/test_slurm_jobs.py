@@ -305,3 +305,22 @@ def test_dry_run_prints_the_script_and_submits_nothing(
         assert line in done.stdout, line
     assert not (tmp_path / "runs").exists()
     assert slurm_cluster.run("squeue", "-h").stdout.strip() == ""
+
+
+def test_more_gpus_than_a_node_has_is_refused(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    done = kit(
+        "launch",
+        "submit",
+        "--mode",
+        "ddp",
+        "cluster.backend=slurm",
+        "cluster.gpus_per_node=5",
+        *_kit_env(tmp_path),
+    )
+    assert done.returncode == 2
+    assert (
+        "Slurm refused the job" in done.stderr
+        and "Requested node configuration is not available" in done.stderr
+    )
+    status = kit("launch", "status", "--root", f"{tmp_path}/runs")
+    assert " NOT-SUBMITTED " in status.stdout

@@ -2,13 +2,15 @@
 # The benchmark behind the published comparison table: DP and DDP at the article's settings
 # (global batch 512, 10 epochs, lr 0.01, the embedded 60k/10k digits), each repeated, plus the
 # largest-batch search per strategy, on every GPU of one node, through `launch submit` (local
-# backend). Usage: bash docs/benchmarks/run.sh OUT_ROOT [REPEATS]
+# backend). Without a GPU the same commands run with 4 CPU workers and the GPU figures read n/m.
+# Usage: bash docs/benchmarks/run.sh OUT_ROOT [REPEATS [key=value …]]
 set -euo pipefail
-out=${1:?usage: run.sh OUT_ROOT [REPEATS]}
+out=${1:?usage: run.sh OUT_ROOT [REPEATS [key=value …]]}
 repeats=${2:-3}
+shift $(($# < 2 ? $# : 2))
 python=${KIT_PYTHON:-python3}
-gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())')
-common=(--nodes 1 cluster.backend=local "cluster.gpus_per_node=$gpus" "output.root=$out" train.checkpoint=false)
+gpus=$("$python" -c 'import torch; print(torch.cuda.device_count() or 4)')
+common=(--nodes 1 cluster.backend=local "cluster.gpus_per_node=$gpus" "output.root=$out" train.checkpoint=false "$@")
 for i in $(seq "$repeats"); do
     for mode in dp ddp; do
         "$python" -m launch submit --mode "$mode" "${common[@]}" --wait
