@@ -20,6 +20,15 @@ pytestmark = pytest.mark.slurm
 
 # One CPU thread per task: the test nodes declare 8 CPUs on a 2-core machine.
 SBATCH_SMALL = [*SMALL, "train.checkpoint=false"]
+SUBMIT_DDP = [
+    "launch",
+    "submit",
+    "--mode",
+    "ddp",
+    "cluster.backend=slurm",
+    "cluster.gpus_per_node=2",
+    "cluster.cpus_per_task=1",
+]
 
 
 def _sbatch(cluster: SlurmCluster, tmp: Path, *args: str) -> tuple[str, str, str]:
@@ -142,13 +151,7 @@ def test_submitit_ddp_binds_gpus(
     slurm_cluster: SlurmCluster, tmp_path: Path, binding: str, seen: list[str]
 ) -> None:
     done = kit(
-        "launch",
-        "submit",
-        "--mode",
-        "ddp",
-        "cluster.backend=slurm",
-        "cluster.gpus_per_node=2",
-        "cluster.cpus_per_task=1",
+        *SUBMIT_DDP,
         f"cluster.gpu_binding={binding}",
         *SBATCH_SMALL,
         *_kit_env(tmp_path),
@@ -167,13 +170,7 @@ def test_submitit_ddp_binds_gpus(
 
 def test_status_cancel_and_logs(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     done = kit(
-        "launch",
-        "submit",
-        "--mode",
-        "ddp",
-        "cluster.backend=slurm",
-        "cluster.gpus_per_node=2",
-        "cluster.cpus_per_task=1",
+        *SUBMIT_DDP,
         "train.epochs=500",
         "data.train_size=1024",
         "data.test_size=256",
@@ -209,13 +206,7 @@ def test_status_cancel_and_logs(slurm_cluster: SlurmCluster, tmp_path: Path) -> 
 
 def test_two_ddp_jobs_share_a_node(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     args = [
-        "launch",
-        "submit",
-        "--mode",
-        "ddp",
-        "cluster.backend=slurm",
-        "cluster.gpus_per_node=2",
-        "cluster.cpus_per_task=1",
+        *SUBMIT_DDP,
         "cluster.sbatch_extra.nodelist=127.0.0.12",
         *SBATCH_SMALL,
         *_kit_env(tmp_path),

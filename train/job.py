@@ -30,6 +30,7 @@ from train import data, distenv
 from train.gpustats import GpuSampler
 from train.metrics import MetricsWriter
 from train.model import build
+from train.timing import StepClock, process_start_time
 
 
 class LaunchError(RuntimeError):
@@ -100,18 +101,6 @@ def check_launch(cfg: Config, env: distenv.DistEnv, environ: dict[str, str] | No
         f"{cfg.cluster.gpus_per_node} = {expected} processes, but {env.world_size} were started: "
         f"start {expected} tasks (one per GPU) or set cluster.gpus_per_node to the GPUs per node"
     )
-
-
-def process_start_time() -> float:
-    """When this process was created (Linux /proc), so start-up counts interpreter and imports."""
-    try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        age = float(Path("/proc/uptime").read_text().split()[0]) - int(fields[19]) / os.sysconf(
-            "SC_CLK_TCK"
-        )
-        return time.time() - max(age, 0.0)
-    except (OSError, ValueError, IndexError):
-        return time.time()
 
 
 def _setup(cfg: Config, env: distenv.DistEnv, run_dir: Path) -> Context:
@@ -321,34 +310,6 @@ def _train_epoch(
         "train_loss": loss_sum.item() / max(samples, 1),
         **clock.percentiles(),
     }
-
-
-class StepClock:
-    """Per-step wall time (data wait + compute): CUDA events on a GPU, so no step is synchronised."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.marks: list[Any] = []
-
-    def mark(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append(event)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def percentiles(self) -> dict[str, float | None]:
-        """Read after the device is synchronised."""
-        pairs = zip(self.marks, self.marks[1:], strict=False)
-        ms = [a.elapsed_time(b) if self.cuda else (b - a) * 1000 for a, b in pairs]
-        if not ms:
-            return {"step_ms_p50": None, "step_ms_p90": None, "step_ms_p99": None}
-        q = torch.quantile(
-            torch.tensor(ms, dtype=torch.float64),
-            torch.tensor([0.5, 0.9, 0.99], dtype=torch.float64),
-        )
-        return {"step_ms_p50": q[0].item(), "step_ms_p90": q[1].item(), "step_ms_p99": q[2].item()}
 
 
 def _driven_gpus(ctx: Context) -> list[int]:
