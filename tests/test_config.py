@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kit import kit
+from kit import REPO, kit
 
 from launch.config import ConfigError, load_config, per_rank_batch, world_size
 
@@ -86,3 +86,11 @@ def test_config_command_error_exit_code() -> None:
     done = kit("launch", "config", "train.epoch=3")
     assert done.returncode == 2
     assert done.stderr.startswith("error: unknown setting 'train.epoch'")
+
+
+@pytest.mark.parametrize(
+    "example", sorted((REPO / "docs" / "examples").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_example_configs_load(example: Path) -> None:
+    cfg = load_config(example)
+    assert cfg.mode in ("dp", "ddp")
