@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import sys
@@ -107,8 +109,11 @@ def submit(cfg: Config, command: list[str]) -> tuple[Path, submitit.Job[Any]]:
     run_dir = runs.create(cfg, launcher="launch", backend=backend, command=command)
     executor = make_executor(cfg, run_dir, backend)
     try:
-        job = executor.submit(run, str(run_dir))
-    except submitit.core.utils.FailedSubmissionError as err:
+        with contextlib.redirect_stderr(
+            io.StringIO()
+        ):  # submitit echoes sbatch's errors; we say them once
+            job = executor.submit(run, str(run_dir))
+    except (submitit.core.utils.FailedSubmissionError, submitit.core.utils.FailedJobError) as err:
         runs.update_meta(run_dir, submit_error=str(err))
         raise SubmitError(
             f"Slurm refused the job: {_scheduler_words(err)} (run folder kept: {run_dir})"

@@ -306,6 +306,7 @@ def test_more_gpus_than_a_node_has_is_refused(slurm_cluster: SlurmCluster, tmp_p
         "ddp",
         "cluster.backend=slurm",
         "cluster.gpus_per_node=5",
+        "train.global_batch_size=500",
         *_kit_env(tmp_path),
     )
     assert done.returncode == 2
