@@ -184,6 +184,12 @@ def _wrap(ctx: Context, model: nn.Module) -> nn.Module:
     return nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
+def _model_and_optimizer(ctx: Context) -> tuple[nn.Module, torch.optim.Optimizer]:
+    model = _wrap(ctx, build(ctx.cfg.model.name, ctx.cfg.model.dropout).to(ctx.device))
+    t = ctx.cfg.train
+    return model, torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum)
+
+
 def _train(ctx: Context, started: float) -> dict[str, Any]:
     cfg, env = ctx.cfg, ctx.env
     train_set, test_set = _load_data(ctx)
@@ -194,9 +200,8 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
     # Evaluation takes the training batch, so no phase needs more memory per card than training.
     test_shard = Subset(test_set, range(env.rank, len(test_set), env.world_size))
     test_loader = _loader(ctx, test_shard, per_rank_batch(cfg) * cfg.train.grad_accum_steps)
-    model = _wrap(ctx, build(cfg.model.name, cfg.model.dropout).to(ctx.device))
+    model, optimizer = _model_and_optimizer(ctx)
     raw_model = typing.cast(nn.Module, model.module)  # the bare model inside DP/DDP
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.train.lr, momentum=cfg.train.momentum)
     scaler = torch.amp.GradScaler(enabled=cfg.train.precision == "fp16")
     torch.manual_seed(cfg.train.seed + env.rank)  # different dropout masks per rank
     gpus = GpuSampler(_driven_gpus(ctx))
@@ -236,10 +241,7 @@ def _largest_batch(ctx: Context, started: float) -> dict[str, Any]:
     largest: int | None = None  # on CPU: not measured (host memory is not the question)
     trials: list[dict[str, Any]] = []
     if ctx.device.type == "cuda":
-        model = _wrap(ctx, build(ctx.cfg.model.name, ctx.cfg.model.dropout).to(ctx.device))
-        optimizer = torch.optim.SGD(
-            model.parameters(), lr=ctx.cfg.train.lr, momentum=ctx.cfg.train.momentum
-        )
+        model, optimizer = _model_and_optimizer(ctx)
         fits = maxbatch.make_trial(model, ctx.device, ctx.env.world_size, optimizer)
         largest, trials = maxbatch.search(
             fits, ctx.cfg.train.global_batch_size, unit=ctx.env.world_size
