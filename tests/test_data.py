@@ -70,3 +70,17 @@ def test_prepare_data_command(tmp_path: Path) -> None:
     ).is_file()
     missing = kit("train", "prepare-data", f"data.root={tmp_path}", "data.dataset=mnist")
     assert missing.returncode == 2 and "fetch-mnist" in missing.stderr
+
+
+def test_metrics_reader_skips_what_it_cannot_read(tmp_path: Path) -> None:
+    from train.metrics import MetricsWriter, read_records
+
+    writer = MetricsWriter(tmp_path, rank=0)
+    writer.write("start", mode="ddp")
+    with writer.path.open("a") as f:
+        f.write('3\n{"schema": 1, "kind": "epo')  # a stray value, then a line cut short
+    records, problems = read_records(writer.path)
+    assert [r["kind"] for r in records] == ["start"]
+    assert [p.split(": ", 1)[1] for p in problems] == [
+        "unreadable line skipped (cut short by a killed job?)"
+    ] * 2

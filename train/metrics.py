@@ -37,7 +37,11 @@ def read_records(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
-            problems.append(f"{path}:{number}: unreadable line skipped (job killed mid-write?)")
+            record = None
+        if not isinstance(record, dict):
+            problems.append(
+                f"{path}:{number}: unreadable line skipped (cut short by a killed job?)"
+            )
             continue
         if record.get("schema") != SCHEMA:
             problems.append(
