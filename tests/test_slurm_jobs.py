@@ -254,6 +254,9 @@ def test_sweep_is_one_array_that_analysis_compares(
     job_ids = [line.split()[2] for line in done.stdout.splitlines()]
     assert len(job_ids) == 4 and len({j.split("_")[0] for j in job_ids}) == 1  # one array
     assert [wait_job(j, timeout=300, env=slurm_cluster.env) for j in job_ids] == ["COMPLETED"] * 4
+    status = kit("launch", "status", "--root", f"{tmp_path}/runs").stdout.splitlines()[1:]
+    assert sorted(line.split()[3] for line in status) == sorted(job_ids)  # array element ids
+    assert all(line.split()[4] == "COMPLETED" for line in status), status
     table = kit("analysis", "summarize", "--root", f"{tmp_path}/runs")
     assert table.returncode == 0, table.stderr
     assert (
