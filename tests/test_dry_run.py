@@ -1,0 +1,32 @@
+"""Golden file: the batch script `launch submit --dry-run` prints for a two-node DDP job.
+
+A change to it is a change to what every user submits: review the diff, then regenerate with
+UPDATE_GOLDEN=1 pytest tests/test_dry_run.py.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from kit import REPO, kit
+
+GOLDEN = REPO / "tests" / "golden" / "ddp-2nodes.txt"
+ARGS = [
+    "launch", "submit", "--dry-run", "--mode", "ddp", "--nodes", "2", "cluster.backend=slurm",
+    "cluster.partition=gpu", "cluster.account=proj", "cluster.mem_gb=64",
+    'cluster.setup=["module load cuda/12.4"]', "cluster.sbatch_extra.mail-type=END",
+]  # fmt: skip
+
+
+def test_dry_run_script_matches_the_golden_file(tmp_path: Path) -> None:
+    done = kit(*ARGS, f"output.root={tmp_path}")
+    assert done.returncode == 0, done.stderr
+    text = done.stdout.replace(str(tmp_path.resolve()), "{ROOT}").replace(
+        sys.executable, "{PYTHON}"
+    )
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+    assert not any(tmp_path.iterdir())  # a dry run creates no run folder
