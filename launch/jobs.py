@@ -53,10 +53,9 @@ def status(run_dir: Path) -> RunStatus:
         return RunStatus(
             run_dir.name, meta["mode"], meta["backend"], job_id, "NOT-SUBMITTED", "-", "-", "-"
         )
-    if meta["backend"] == "slurm":
-        state, elapsed, nodes = _slurm_state(job_id) or _folder_state(run_dir, meta)
-    else:
-        state, elapsed, nodes = _folder_state(run_dir, meta)
+    records = _rank0_records(run_dir)  # read once: state fall-back and last epoch both use it
+    found = _slurm_state(job_id) if meta["backend"] == "slurm" else None
+    state, elapsed, nodes = found or _folder_state(records, meta)
     return RunStatus(
         run_dir.name,
         meta["mode"],
@@ -65,7 +64,7 @@ def status(run_dir: Path) -> RunStatus:
         state,
         nodes,
         elapsed,
-        _last_epoch(run_dir),
+        _last_epoch(records),
     )
 
 
@@ -110,14 +109,16 @@ def log_files(run_dir: Path, rank: int) -> list[Path]:
 
 
 def _slurm_state(job_id: str) -> tuple[str, str, str] | None:
-    done = _slurm_command("sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,Elapsed,NodeList")
-    if done and done.returncode == 0 and done.stdout.strip():
-        state, elapsed, nodes = done.stdout.strip().splitlines()[0].split("|")
-        return state.split()[0], elapsed, nodes
-    done = _slurm_command("squeue", "-j", job_id, "-h", "-o", "%T|%M|%N")
-    if done and done.returncode == 0 and done.stdout.strip():
-        state, elapsed, nodes = done.stdout.strip().splitlines()[0].split("|")
-        return state, elapsed, nodes or "-"
+    """(state, elapsed, nodes) from accounting, else from the queue; None if neither answers."""
+    queries = [
+        ("sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,Elapsed,NodeList"),
+        ("squeue", "-j", job_id, "-h", "-o", "%T|%M|%N"),
+    ]
+    for query in queries:
+        done = _slurm_command(*query)
+        if done and done.returncode == 0 and done.stdout.strip():
+            state, elapsed, nodes = done.stdout.strip().splitlines()[0].split("|")
+            return state.split()[0], elapsed, nodes or "-"  # "CANCELLED by 0" → CANCELLED
     return None
 
 
@@ -128,9 +129,10 @@ def _slurm_command(*args: str) -> subprocess.CompletedProcess[str] | None:
         return None
 
 
-def _folder_state(run_dir: Path, meta: dict[str, object]) -> tuple[str, str, str]:
+def _folder_state(
+    records: list[dict[str, object]], meta: dict[str, object]
+) -> tuple[str, str, str]:
     """What the run folder says: the summary means done; a live local controller means running."""
-    records = _rank0_records(run_dir)
     summary = next((r for r in records if r["kind"] == "summary"), None)
     start = next((r for r in records if r["kind"] == "start"), None)
     elapsed = _clock(summary["total_seconds"]) if summary else "-"
@@ -163,8 +165,7 @@ def _rank0_records(run_dir: Path) -> list[dict[str, object]]:
     return read_records(path)[0] if path.is_file() else []
 
 
-def _last_epoch(run_dir: Path) -> str:
-    records = _rank0_records(run_dir)
+def _last_epoch(records: list[dict[str, object]]) -> str:
     epochs = [r for r in records if r["kind"] == "epoch"]
     start = next((r for r in records if r["kind"] == "start"), None)
     if not epochs:

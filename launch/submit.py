@@ -109,9 +109,8 @@ def submit(cfg: Config, command: list[str]) -> tuple[Path, submitit.Job[Any]]:
     run_dir = runs.create(cfg, launcher="launch", backend=backend, command=command)
     executor = make_executor(cfg, run_dir, backend)
     try:
-        with contextlib.redirect_stderr(
-            io.StringIO()
-        ):  # submitit echoes sbatch's errors; we say them once
+        # submitit echoes sbatch's errors to stderr; the error below says them once.
+        with contextlib.redirect_stderr(io.StringIO()):
             job = executor.submit(run, str(run_dir))
     except (submitit.core.utils.FailedSubmissionError, submitit.core.utils.FailedJobError) as err:
         runs.update_meta(run_dir, submit_error=str(err))
