@@ -6,7 +6,7 @@ not hold is NaN in the frame and "n/m" in print: never 0, never a guess.
 
 from __future__ import annotations
 
-import statistics
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from launch.config import Config, ConfigError, load_saved, world_size
-from launch.runs import find_runs, read_meta
-from train.metrics import read_records
+from train import runfolder
+from train.config import Config, world_size
+from train.errors import KitError
 
 NOT_MEASURED = float("nan")
 
@@ -25,7 +25,7 @@ NOT_MEASURED = float("nan")
 Compare = Literal["none", "time", "rate", "points", "diff"]
 
 
-class RunDirError(ValueError):
+class RunDirError(KitError):
     """A path given (or the default root) holds no run folder; the message names the fix."""
 
 
@@ -94,7 +94,11 @@ FIGURES: tuple[Figure, ...] = (
 )
 # fmt: on
 
-_CARD_REDUCE: dict[str, Callable[[list[float]], float]] = {"mean": statistics.fmean, "max": max}
+# statistics.fmean's sum and division, without its per-call overhead
+_CARD_REDUCE: dict[str, Callable[[list[float]], float]] = {
+    "mean": lambda values: math.fsum(values) / len(values),
+    "max": max,
+}
 
 # Settings that make figures comparable: runs differing in any of these are never pooled.
 # Each reads the run's config; the dataset sizes come from the start record (exact for mnist too).
@@ -116,7 +120,7 @@ HARDWARE = ("device_name", "gpus", "torch")  # from the start records; gpus: all
 def resolve_run_dirs(paths: Sequence[Path], root: Path) -> list[Path]:
     """The run folders named (or found under them), else every run under root; each once."""
     if not paths:
-        found = find_runs(root) if root.is_dir() else []
+        found = runfolder.find_runs(root) if root.is_dir() else []
         if not found:
             raise RunDirError(
                 f"no runs found under {root}/: make one with `python -m launch submit --mode ddp "
@@ -125,8 +129,10 @@ def resolve_run_dirs(paths: Sequence[Path], root: Path) -> list[Path]:
         return found
     runs: dict[Path, Path] = {}
     for path in paths:
+        # One resolve per path given, not per run: find_runs follows no link below the path.
+        real = path.resolve()
         for run in _runs_in(path):
-            runs.setdefault(run.resolve(), run)
+            runs.setdefault(real / run.relative_to(path), run)
     return list(runs.values())
 
 
@@ -135,10 +141,10 @@ def _runs_in(path: Path) -> list[Path]:
         raise RunDirError(
             f"{path} does not exist: pass a run folder or a folder holding run folders"
         )
-    found = find_runs(path) if path.is_dir() else []
+    found = runfolder.find_runs(path) if path.is_dir() else []
     if not found:
         raise RunDirError(
-            f"{path} is not a run folder and holds none (no run.json in or under it): pass a folder "
+            f"{path} is not a run folder and holds none (no {runfolder.META} in or under it): pass a folder "
             "that `python -m launch submit` made, e.g. runs/<run id>, or the folder holding them"
         )
     return found
@@ -153,16 +159,20 @@ def load_runs(run_dirs: Iterable[Path]) -> tuple[pd.DataFrame, list[str]]:
         notes += run_notes
         if row is not None:
             rows.append(row)
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)  # one frame at the end: pandas costs more per call than a run
     return (frame.sort_values("run_id", ignore_index=True) if rows else frame), notes
+
+
+Records = list[dict[str, Any]]
+Rank = dict[str, Records]  # one rank's current attempt: its records by kind, each in file order
 
 
 def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
     """The run's row, or None with a note saying what is missing; never raises for a bad run."""
     try:
-        meta = read_meta(run_dir)
-        cfg = load_saved(run_dir / "config.yaml")
-    except (OSError, ValueError, ConfigError) as err:  # JSONDecodeError is a ValueError
+        meta = runfolder.read_meta(run_dir)
+        cfg = runfolder.config_of(run_dir, meta)  # run.json read once, not twice
+    except (OSError, KitError) as err:
         return None, [f"skipped {run_dir}: cannot read it: {err}"]
     ranks, notes = _read_ranks(run_dir)
     run_id = meta.get("run_id", run_dir.name)
@@ -170,13 +180,13 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
         return _largest_batch_row(run_dir, run_id, cfg, ranks), notes
     missing = _missing(cfg, ranks)
     if missing:
-        return None, [*notes, f"skipped {run_id}: {missing}; see {run_dir / 'logs'}"]
+        return None, [*notes, f"skipped {run_id}: {missing}; see {runfolder.logs_dir(run_dir)}"]
     notes += [
         f"note {run_id}: rank {rank} has no summary record; its per-card figures are n/m"
-        for rank, records in sorted(ranks.items())
-        if rank and not _of_kind(records, "summary")
+        for rank, kinds in sorted(ranks.items())
+        if rank and not kinds.get("summary")
     ]
-    return _row(run_dir, meta, cfg, ranks), notes
+    return _row(run_dir, run_id, cfg, ranks), notes
 
 
 # A largest-batch result belongs to the training runs with the same shape and hardware.
@@ -184,14 +194,10 @@ LARGEST_BATCH_KEYS = ("mode", "model", "precision", "nodes", "gpus_per_node", "d
 
 
 def _largest_batch_row(
-    run_dir: Path, run_id: str, cfg: Config, ranks: dict[int, list[dict[str, Any]]]
+    run_dir: Path, run_id: str, cfg: Config, ranks: dict[int, Rank]
 ) -> dict[str, Any] | None:
-    summary = _of_kind(ranks.get(0, []), "summary")
-    starts = [
-        _of_kind(ranks[rank], "start")[-1]
-        for rank in sorted(ranks)
-        if _of_kind(ranks[rank], "start")
-    ]
+    summary = ranks.get(0, {}).get("summary")
+    starts = [ranks[rank]["start"][-1] for rank in sorted(ranks) if ranks[rank].get("start")]
     if not summary or not starts:
         return None
     largest = summary[-1].get("largest_global_batch")
@@ -210,47 +216,51 @@ def _largest_batch_row(
     }
 
 
-def _read_ranks(run_dir: Path) -> tuple[dict[int, list[dict[str, Any]]], list[str]]:
-    ranks: dict[int, list[dict[str, Any]]] = {}
+def _read_ranks(run_dir: Path) -> tuple[dict[int, Rank], list[str]]:
+    ranks: dict[int, Rank] = {}
     notes: list[str] = []
-    for path in sorted((run_dir / "metrics").glob("rank-*.jsonl")):
-        records, problems = read_records(path)
+    for rank, path in runfolder.rank_files(run_dir).items():
+        records, problems = runfolder.read_records(path)
         notes += [f"warning: {problem}" for problem in problems]
-        starts = [i for i, r in enumerate(records) if r.get("kind") == "start"]
-        if len(starts) > 1:  # a requeued job appends a new attempt: only the last one counts
-            notes.append(f"note: {path}: {len(starts)} attempts, reading the last one only")
-        ranks[int(path.stem.removeprefix("rank-"))] = records[starts[-1] if starts else 0 :]
+        attempts = runfolder.attempts(records)
+        if attempts > 1:  # a requeued job appends a new attempt
+            notes.append(f"note: {path}: {attempts} attempts, reading the last")
+        ranks[rank] = _by_kind(runfolder.current_attempt(records))
     return ranks, notes
 
 
-def _missing(cfg: Config, ranks: dict[int, list[dict[str, Any]]]) -> str:
+def _by_kind(records: Records) -> Rank:
+    """The records by kind, in one pass: every figure then finds its record without a scan."""
+    kinds: Rank = {}
+    for record in records:
+        kind = record.get("kind")
+        if isinstance(kind, str):
+            kinds.setdefault(kind, []).append(record)
+    return kinds
+
+
+def _missing(cfg: Config, ranks: dict[int, Rank]) -> str:
     """What a run lacks before its figures mean anything; '' when it is complete."""
     if not ranks:
         return "no metrics yet (job queued, still starting, or failed at start)"
     expected = range(world_size(cfg))
-    absent = [rank for rank in expected if not _of_kind(ranks.get(rank, []), "start")]
+    absent = [rank for rank in expected if not ranks.get(rank, {}).get("start")]
     if absent:
         return f"no start record from rank(s) {', '.join(map(str, absent))} of {len(expected)}"
-    done = min(len(_of_kind(ranks[rank], "epoch")) for rank in expected)
+    done = min(len(ranks[rank].get("epoch", [])) for rank in expected)
     if done < cfg.train.epochs:
         return f"{done} of {cfg.train.epochs} epochs done on every rank (job running or failed)"
-    if not _of_kind(ranks[0], "summary"):
+    if not ranks[0].get("summary"):
         return "no summary from rank 0 (job still running, or failed before the end)"
     return ""
 
 
-def _of_kind(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [r for r in records if r.get("kind") == kind]
-
-
-def _row(
-    run_dir: Path, meta: dict[str, Any], cfg: Config, ranks: dict[int, list[dict[str, Any]]]
-) -> dict[str, Any]:
-    start = _of_kind(ranks[0], "start")[-1]
-    starts = [_of_kind(ranks[rank], "start")[-1] for rank in sorted(ranks)]
+def _row(run_dir: Path, run_id: str, cfg: Config, ranks: dict[int, Rank]) -> dict[str, Any]:
+    start = ranks[0]["start"][-1]
+    starts = [ranks[rank]["start"][-1] for rank in sorted(ranks)]
     epochs = _epoch_table(ranks)
     return {
-        "run_id": meta.get("run_id", run_dir.name),
+        "run_id": run_id,
         "task": "train",
         "mode": cfg.mode,
         "run_dir": str(run_dir),
@@ -261,38 +271,79 @@ def _row(
         "runs": 1,
         **_timing(epochs, starts),
         **{f.column: _record_figure(f, ranks) for f in FIGURES if f.source},
-        "epoch_seconds": epochs["seconds"].tolist(),  # for the plot: one value per epoch
-    }
-
-
-def _epoch_table(ranks: dict[int, list[dict[str, Any]]]) -> pd.DataFrame:
-    """Per epoch: it ends when its slowest rank ends; its samples are every rank's together."""
-    records = [r for recs in ranks.values() for r in _of_kind(recs, "epoch")]
-    frame = pd.DataFrame(records, columns=["epoch", "seconds", "samples", *_STEP_TIMES])
-    slowest = {column: (column, "max") for column in ["seconds", *_STEP_TIMES]}
-    return frame.groupby("epoch").agg(samples=("samples", "sum"), **slowest)
-
-
-def _timing(epochs: pd.DataFrame, starts: list[dict[str, Any]]) -> dict[str, float]:
-    steady = epochs[epochs.index >= 2]  # epoch 1 pays for warm-up (allocator, kernels, caches)
-    startups = [s["startup_s"] for s in starts if s.get("startup_s") is not None]
-    return {
-        "epoch_s": _median(steady["seconds"]),
-        "first_epoch_s": float(epochs["seconds"].iloc[0]),
-        "throughput": _median(steady["samples"] / steady["seconds"]),
-        "startup_s": max(startups) if len(startups) == len(starts) else NOT_MEASURED,
-        **{column: _median(steady[column].dropna()) for column in _STEP_TIMES},
+        "epoch_seconds": [e["seconds"] for e in epochs.values()],  # for the plot: one per epoch
     }
 
 
 _STEP_TIMES = ("step_ms_p50", "step_ms_p90")
+Epochs = dict[float, dict[str, float]]  # epoch number → its samples, seconds and step times
 
 
-def _median(values: pd.Series) -> float:
-    return float(values.median()) if len(values) else NOT_MEASURED
+def _epoch_table(ranks: dict[int, Rank]) -> Epochs:
+    """Per epoch, in order: it ends when its slowest rank ends; its samples are every rank's together.
+
+    Plain Python rather than a pandas groupby per run, which cost more than reading the run; a
+    field that is absent or no number is skipped, as pandas skips NaN.
+    """
+    by_epoch: dict[float, Records] = {}
+    for kinds in ranks.values():
+        for record in kinds.get("epoch", []):
+            epoch = _number(record.get("epoch"))
+            if not math.isnan(epoch):  # pandas' groupby drops a missing key
+                by_epoch.setdefault(epoch, []).append(record)
+    return {epoch: _pool_ranks(by_epoch[epoch]) for epoch in sorted(by_epoch)}
 
 
-def _record_figure(figure: Figure, ranks: dict[int, list[dict[str, Any]]]) -> float:
+def _pool_ranks(records: Records) -> dict[str, float]:
+    """One epoch's records of every rank as one: samples summed, times of the slowest rank."""
+    pooled = {"samples": math.fsum(_known(r.get("samples") for r in records))}
+    for column in ("seconds", *_STEP_TIMES):
+        pooled[column] = max(_known(r.get(column) for r in records), default=NOT_MEASURED)
+    return pooled
+
+
+def _timing(epochs: Epochs, starts: Records) -> dict[str, float]:
+    steady = [e for number, e in epochs.items() if number >= 2]  # epoch 1 pays for warm-up
+    first = next(iter(epochs.values()), None)  # (allocator, kernels, caches)
+    startups = [s["startup_s"] for s in starts if s.get("startup_s") is not None]
+    return {
+        "epoch_s": _median(e["seconds"] for e in steady),
+        "first_epoch_s": first["seconds"] if first else NOT_MEASURED,
+        "throughput": _median(_ratio(e["samples"], e["seconds"]) for e in steady),
+        "startup_s": max(startups) if len(startups) == len(starts) else NOT_MEASURED,
+        **{column: _median(e[column] for e in steady) for column in _STEP_TIMES},
+    }
+
+
+def _number(value: Any) -> float:
+    """A record's field as a float; NaN where it is absent or no number."""
+    return float(value) if isinstance(value, int | float) else NOT_MEASURED
+
+
+def _known(values: Iterable[Any]) -> list[float]:
+    """The numbers among the values, NaN and absent ones left out."""
+    return [v for v in map(_number, values) if not math.isnan(v)]
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    """numerator / denominator as numpy divides: ±inf, or NaN for 0/0, rather than an error."""
+    if denominator:
+        return numerator / denominator
+    if numerator and not math.isnan(numerator):
+        return math.copysign(math.inf, numerator) * math.copysign(1.0, denominator)
+    return math.nan
+
+
+def _median(values: Iterable[float]) -> float:
+    """The median of the values measured (NaN skipped, as pandas does); NaN if there is none."""
+    known = sorted(_known(values))
+    middle = len(known) // 2
+    if len(known) % 2:
+        return known[middle]
+    return (known[middle - 1] + known[middle]) / 2 if known else NOT_MEASURED
+
+
+def _record_figure(figure: Figure, ranks: dict[int, Rank]) -> float:
     """A figure read from the records: rank 0's value, or the main card's, or the other cards'."""
     if figure.card is None:
         values = _field_values(ranks[0], figure)
@@ -306,9 +357,9 @@ def _record_figure(figure: Figure, ranks: dict[int, list[dict[str, Any]]]) -> fl
     return _CARD_REDUCE[figure.others]([v for v in others if v is not None]) * figure.scale
 
 
-def _field_values(records: list[dict[str, Any]], figure: Figure) -> list[float | None]:
+def _field_values(kinds: Rank, figure: Figure) -> list[float | None]:
     """The field in a rank's last record of its kind, per driven GPU; [None] where it is absent."""
-    found = _of_kind(records, figure.kind)
+    found = kinds.get(figure.kind)
     name, _, per_card = figure.field.partition(".")  # "gpus.util_pct": a field of each card's entry
     value = found[-1].get(name) if found else None
     if per_card:

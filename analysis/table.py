@@ -123,12 +123,20 @@ def heading(group: Group) -> str:
     )
 
 
+LISTED_IDS = 6  # a group with more runs per mode names the first and last only
+
+
+def _ids(ids: list[str]) -> str:
+    """Run ids in a line whose length does not grow with the number of runs."""
+    if len(ids) <= LISTED_IDS:
+        return ", ".join(ids) or "none"
+    return f"{len(ids)} runs, {ids[0]} … {ids[-1]} (all ids: --format json)"
+
+
 def _runs_line(group: Group) -> str:
-    parts = [
-        f"{label}: {', '.join(group.run_ids(mode)) or 'none'}" for mode, label in MODES.items()
-    ]
+    parts = [f"{label}: {_ids(group.run_ids(mode))}" for mode, label in MODES.items()]
     largest = [
-        f"{label}: {', '.join(ids)}"
+        f"{label}: {_ids(ids)}"
         for mode, label in MODES.items()
         if (ids := group.run_ids(mode, "largest_batch"))
     ]
@@ -169,12 +177,11 @@ def tidy(groups: list[Group]) -> pd.DataFrame:
 
 
 def _group_records(group: Group) -> list[dict[str, Any]]:
-    ids = {mode: group.run_ids(mode) for mode in MODES}
-    ids[COMPARISON] = [run for mode in MODES for run in ids[mode]]
+    runs = {mode: len(group.run_ids(mode)) for mode in MODES}
+    runs[COMPARISON] = sum(runs.values())
     return [
         {"group": group.number, "metric": figure.column, "label": figure.label, "mode": mode}
-        | {"value": value, "unit": unit, "text": text}
-        | {"runs": len(ids[mode]), "run_ids": ";".join(ids[mode]), **group.key}
+        | {"value": value, "unit": unit, "text": text, "runs": runs[mode], **group.key}
         for figure in FIGURES
         for mode, (value, unit, text) in _cells(group, figure).items()
     ]
@@ -187,9 +194,20 @@ def to_csv(groups: list[Group]) -> str:
 
 
 def to_json(groups: list[Group]) -> str:
-    """A JSON list of the tidy records; not-measured figures are null, never NaN or 0."""
+    """{"groups": each group's settings and run ids, once; "records": the tidy records}.
+
+    Not-measured figures are null, never NaN or 0.
+    """
     records = [{k: _plain(v) for k, v in r.items()} for r in tidy(groups).to_dict("records")]
-    return json.dumps(records, indent=2, ensure_ascii=False) + "\n"
+    described = [
+        {"group": g.number, **{k: _plain(v) for k, v in g.key.items()}}
+        | {"run_ids": {mode: g.run_ids(mode) for mode in MODES}}
+        | {"largest_batch_run_ids": {mode: g.run_ids(mode, "largest_batch") for mode in MODES}}
+        for g in groups
+    ]
+    return (
+        json.dumps({"groups": described, "records": records}, indent=1, ensure_ascii=False) + "\n"
+    )
 
 
 def _plain(value: Any) -> Any:

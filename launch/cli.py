@@ -8,8 +8,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from launch import runs
-from launch.config import Config, ConfigError, load_config, to_yaml
+from train import runfolder
+from train.config import Config, ConfigError, Mode, load_config, to_yaml
+from train.errors import ArgumentParser, add_common_flags, run_cli
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -21,21 +22,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
-    try:
-        return int(args.func(args))
-    except (ConfigError, FileNotFoundError, RuntimeError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_cli(args.func, args)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m launch", description=__doc__)
+    parser = ArgumentParser(prog="python -m launch", description=__doc__)
+    add_common_flags(parser)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     def command(
         name: str, func: object, text: str, config: bool = False
     ) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=text, description=text)
+        add_common_flags(sub)
         sub.set_defaults(func=func)
         if config:
             _add_config_arguments(sub)
@@ -52,6 +51,12 @@ def _parser() -> argparse.ArgumentParser:
     sweep = command("sweep", _sweep, "submit a grid of runs as one Slurm array", config=True)
     sweep.add_argument("--modes", default="dp,ddp", help="comma-separated modes (default: dp,ddp)")
     sweep.add_argument(
+        "--parallel",
+        type=int,
+        metavar="N",
+        help="runs at once (default: locally 1, one after another; on Slurm no limit)",
+    )
+    sweep.add_argument(
         "--grid",
         action="append",
         default=[],
@@ -65,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
         config=True,
     )
     prepare.add_argument("--launcher", default="sbatch", help=argparse.SUPPRESS)
+    prepare.add_argument(
+        "--shell", action="store_true", help="print shell assignments (run_dir, rank_log)"
+    )
     status = command(
         "status", _status, "show each run's job, state, nodes, elapsed time and last epoch"
     )
@@ -79,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--mode", choices=("dp", "ddp"), help="DataParallel or DistributedDataParallel"
+        "--mode", choices=Mode.values(), help="DataParallel or DistributedDataParallel"
     )
     parser.add_argument("--nodes", type=int, help="number of nodes (DDP only above 1)")
     parser.add_argument("--config", dest="config_file", help="YAML file merged over the defaults")
@@ -116,33 +124,39 @@ def _submit(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(dry_run(cfg), end="")
         return 0
-    run_dir, job = submit(cfg, command=["python", "-m", "launch", *sys.argv[1:]])
+    run_dir, job = submit(cfg, command=_command())
     print(f"submitted job {job.job_id}")
-    print(f"run folder: {run_dir}")
+    print(f"run folder: {run_dir}", flush=True)
     if args.wait:
-        return 0 if follow(job, run_dir) else 1
+        return 0 if follow(job, run_dir, quiet=args.quiet) else 1
     return 0
 
 
 def _sweep(args: argparse.Namespace) -> int:
     from launch.submit import sweep
 
+    if args.parallel is not None and args.parallel < 1:
+        raise ConfigError(f"--parallel {args.parallel}: give at least 1")
     cfgs = [
         _resolve(args, f"mode={mode}", *point)
         for mode in args.modes.split(",")
-        for point in _grid(args.grid)
+        for point in grid(args.grid)
     ]
-    for run_dir, job in sweep(cfgs, command=["python", "-m", "launch", *sys.argv[1:]]):
-        print(f"submitted job {job.job_id}  run folder: {run_dir}")
+    for run_dir, job in sweep(cfgs, command=_command(), parallel=args.parallel):
+        print(f"submitted job {job.job_id}  run folder: {run_dir}", flush=True)
     return 0
 
 
-def _grid(items: list[str]) -> list[tuple[str, ...]]:
+def _command() -> list[str]:
+    return ["python", "-m", "launch", *sys.argv[1:]]
+
+
+def grid(items: list[str]) -> list[tuple[str, ...]]:
     """['a=1,2', 'b=x'] → [('a=1', 'b=x'), ('a=2', 'b=x')]"""
     axes = []
     for item in items:
         key, sep, values = item.partition("=")
-        if not sep or not values:
+        if not sep or not key or not all(values.split(",")):
             raise ConfigError(
                 f"--grid {item!r} is not of the form key=v1,v2, e.g. train.global_batch_size=256,512"
             )
@@ -154,21 +168,33 @@ def _prepare(args: argparse.Namespace) -> int:
     import os
 
     cfg = _resolve(args)
-    run_dir = runs.create(cfg, launcher=args.launcher, backend="slurm", command=sys.argv)
-    runs.update_meta(run_dir, job_id=os.environ.get("SLURM_JOB_ID"))
-    print(run_dir)
+    runfolder.check_root(cfg.output.root)
+    run_dir = runfolder.create(cfg, launcher=args.launcher, backend="slurm", command=sys.argv)
+    runfolder.update_meta(run_dir, job_id=os.environ.get("SLURM_JOB_ID"))
+    print(
+        runfolder.shell_assignments(run_dir) if args.shell else run_dir, end="\n" * (not args.shell)
+    )
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    from launch.jobs import HEADER, format_table, status
+    from launch.jobs import HEADER, format_table, status, unreadable
 
-    folders = args.runs or runs.find_runs(args.root)
+    folders = args.runs or runfolder.find_runs(args.root)
     if not folders:
-        raise FileNotFoundError(
+        raise runfolder.RunFolderError(
             f"no runs under {args.root}: submit one with `python -m launch submit`"
         )
-    print(format_table([HEADER, *(status(f).row() for f in folders)]))
+    rows = [HEADER]
+    for folder in folders:
+        try:
+            rows.append(status(folder).row())
+        except runfolder.RunFolderError as err:  # one bad folder does not hide the others
+            if len(folders) == 1:
+                raise  # nothing else to show: an error, not a table of one unreadable row
+            print(f"warning: {err}", file=sys.stderr)
+            rows.append(unreadable(folder).row())
+    print(format_table(rows))
     return 0
 
 

@@ -10,13 +10,19 @@ import contextlib
 import os
 import signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
+from typing import Any
 
-from launch import runs
-from train.metrics import metrics_path, read_records
+from train import runfolder
+from train.errors import KitError
 
 _TIMEOUT_S = 10
+_SACCT_FIELDS = ("JobID", "State", "Elapsed", "NodeList")
+
+
+class JobError(KitError):
+    """A job cannot be operated as asked; the message says why and what to do."""
 
 
 @dataclass
@@ -31,41 +37,29 @@ class RunStatus:
     last_epoch: str
 
     def row(self) -> list[str]:
-        return [
-            self.run_id,
-            self.mode,
-            self.backend,
-            self.job_id,
-            self.state,
-            self.nodes,
-            self.elapsed,
-            self.last_epoch,
-        ]
+        return list(astuple(self))
 
 
 HEADER = ["RUN", "MODE", "BACKEND", "JOB", "STATE", "NODES", "ELAPSED", "EPOCH"]
 
 
 def status(run_dir: Path) -> RunStatus:
-    meta = runs.read_meta(run_dir)
+    meta = runfolder.read_meta(run_dir)
     job_id = str(meta.get("job_id") or "-")
+    mode, backend = str(meta.get("mode")), str(meta.get("backend"))
     if meta.get("submit_error"):
-        return RunStatus(
-            run_dir.name, meta["mode"], meta["backend"], job_id, "NOT-SUBMITTED", "-", "-", "-"
-        )
-    records = _rank0_records(run_dir)  # read once: state fall-back and last epoch both use it
-    found = _slurm_state(job_id) if meta["backend"] == "slurm" else None
+        return RunStatus(run_dir.name, mode, backend, job_id, "NOT-SUBMITTED", "-", "-", "-")
+    records = runfolder.read_rank(run_dir, 0)  # read once: state fall-back and last epoch
+    found = _slurm_state(job_id) if backend == "slurm" and job_id != "-" else None
     state, elapsed, nodes = found or _folder_state(records, meta)
     return RunStatus(
-        run_dir.name,
-        meta["mode"],
-        meta["backend"],
-        job_id,
-        state,
-        nodes,
-        elapsed,
-        _last_epoch(records),
+        run_dir.name, mode, backend, job_id, state, nodes, elapsed, _last_epoch(records)
     )
+
+
+def unreadable(run_dir: Path) -> RunStatus:
+    """The row of a folder that cannot be read (the reason goes to stderr)."""
+    return RunStatus(run_dir.name, "-", "-", "-", "UNREADABLE", "-", "-", "-")
 
 
 def format_table(rows: list[list[str]]) -> str:
@@ -77,17 +71,12 @@ def format_table(rows: list[list[str]]) -> str:
 
 def cancel(run_dir: Path) -> str:
     """Cancel the run's job; returns what was done, in words."""
-    meta = runs.read_meta(run_dir)
+    meta = runfolder.read_meta(run_dir)
     job_id = meta.get("job_id")
     if not job_id:
-        raise RuntimeError(f"{run_dir.name} has no job id yet: nothing to cancel")
-    if meta["backend"] == "slurm":
-        done = _slurm_command("scancel", str(job_id))
-        if done is None or done.returncode != 0:
-            raise RuntimeError(
-                f"scancel {job_id} failed: {done.stderr.strip() if done else 'timed out'}"
-            )
-        return f"cancelled Slurm job {job_id}"
+        raise JobError(f"{run_dir.name} has no job id yet: nothing to cancel")
+    if meta.get("backend") == "slurm":
+        return _cancel_slurm(run_dir, str(job_id))
     try:
         os.kill(int(job_id), signal.SIGTERM)  # the local controller forwards it to every task
     except ProcessLookupError:
@@ -95,30 +84,50 @@ def cancel(run_dir: Path) -> str:
     return f"cancelled local job {job_id}"
 
 
+def _cancel_slurm(run_dir: Path, job_id: str) -> str:
+    import submitit
+
+    job: submitit.SlurmJob[Any] = submitit.SlurmJob(runfolder.logs_dir(run_dir), job_id)
+    try:
+        job.cancel(check=True)
+    except (OSError, subprocess.CalledProcessError) as err:
+        raise JobError(f"scancel {job_id} failed ({err}): is Slurm reachable from here?") from None
+    return f"cancelled Slurm job {job_id}"
+
+
 def log_files(run_dir: Path, rank: int) -> list[Path]:
-    """The stdout/stderr files of one rank: submitit's names, or those slurm/*.sbatch writes."""
-    job_id = runs.read_meta(run_dir).get("job_id")
-    logs = run_dir / "logs"
-    names = [f"{job_id}_{rank}_log.out", f"{job_id}_{rank}_log.err", f"rank-{rank}.out"]
-    found = [logs / n for n in names if (logs / n).is_file()]
+    """The stdout/stderr files of one rank, as recorded in the run folder."""
+    found = runfolder.log_files(run_dir, rank)
     if not found:
-        raise FileNotFoundError(
-            f"no logs for rank {rank} in {logs} (has the job started? see `python -m launch status`)"
+        raise JobError(
+            f"no logs for rank {rank} of {run_dir.name} yet (has the job started? see "
+            "`python -m launch status`)"
         )
     return found
 
 
+def parse_sacct(text: str) -> dict[str, dict[str, str]]:
+    """`sacct --parsable2` output (a header line, then '|'-separated rows) → JobID → fields."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return {}
+    header = lines[0].split("|")
+    rows = [dict(zip(header, line.split("|"), strict=False)) for line in lines[1:]]
+    return {row["JobID"]: row for row in rows if "JobID" in row}
+
+
 def _slurm_state(job_id: str) -> tuple[str, str, str] | None:
     """(state, elapsed, nodes) from accounting, else from the queue; None if neither answers."""
-    queries = [
-        ("sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,Elapsed,NodeList"),
-        ("squeue", "-j", job_id, "-h", "-o", "%T|%M|%N"),
-    ]
-    for query in queries:
-        done = _slurm_command(*query)
-        if done and done.returncode == 0 and done.stdout.strip():
-            state, elapsed, nodes = done.stdout.strip().splitlines()[0].split("|")
-            return state.split()[0], elapsed, nodes or "-"  # "CANCELLED by 0" → CANCELLED
+    sacct = _slurm_command(
+        "sacct", "-j", job_id, "-X", "--parsable2", "-o", ",".join(_SACCT_FIELDS)
+    )
+    row = parse_sacct(sacct.stdout).get(job_id) if sacct and sacct.returncode == 0 else None
+    if row:
+        return row["State"].split()[0], row["Elapsed"], row["NodeList"] or "-"  # "CANCELLED by 0"
+    squeue = _slurm_command("squeue", "-j", job_id, "-h", "-o", "%T|%M|%N")
+    if squeue and squeue.returncode == 0 and squeue.stdout.strip():
+        state, elapsed, nodes = squeue.stdout.strip().splitlines()[0].split("|")
+        return state, elapsed, nodes or "-"
     return None
 
 
@@ -129,17 +138,15 @@ def _slurm_command(*args: str) -> subprocess.CompletedProcess[str] | None:
         return None
 
 
-def _folder_state(
-    records: list[dict[str, object]], meta: dict[str, object]
-) -> tuple[str, str, str]:
+def _folder_state(records: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, str, str]:
     """What the run folder says: the summary means done; a live local controller means running."""
-    summary = next((r for r in records if r["kind"] == "summary"), None)
-    start = next((r for r in records if r["kind"] == "start"), None)
+    summary = next(iter(runfolder.of_kind(records, "summary")), None)
+    start = next(iter(runfolder.of_kind(records, "start")), None)
     elapsed = _clock(summary["total_seconds"]) if summary else "-"
     host = str(start["host"]) if start else "-"
     if summary:
         state = "COMPLETED"
-    elif meta["backend"] == "local":
+    elif meta.get("backend") == "local":
         state = "RUNNING" if _alive(str(meta.get("job_id"))) else "ENDED-WITHOUT-SUMMARY"
     else:
         state = "UNKNOWN"  # Slurm did not answer and the run folder holds no summary
@@ -160,14 +167,9 @@ def _alive(pid: str) -> bool:
     return True
 
 
-def _rank0_records(run_dir: Path) -> list[dict[str, object]]:
-    path = metrics_path(run_dir, 0)
-    return read_records(path)[0] if path.is_file() else []
-
-
-def _last_epoch(records: list[dict[str, object]]) -> str:
-    epochs = [r for r in records if r["kind"] == "epoch"]
-    start = next((r for r in records if r["kind"] == "start"), None)
+def _last_epoch(records: list[dict[str, Any]]) -> str:
+    epochs = runfolder.of_kind(records, "epoch")
+    start = next(iter(runfolder.of_kind(records, "start")), None)
     if not epochs:
         return "-"
     return f"{epochs[-1]['epoch']}/{start['epochs'] if start else '?'}"

@@ -6,24 +6,35 @@ import contextlib
 import io
 import os
 import shutil
-import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import submitit
 
-from launch import runs
-from launch.config import Config, ConfigError, world_size
-from train.metrics import metrics_path, read_records
+from train import runfolder
+from train.config import (
+    Backend,
+    Config,
+    ConfigError,
+    GpuBinding,
+    Mode,
+    check_hardware,
+    cpus_per_task,
+    signal_delay_s,
+    tasks_per_node,
+    world_size,
+)
+from train.errors import KitError
 
 
-def resolve_backend(name: str) -> str:
+def resolve_backend(name: Backend) -> Backend:
     """`auto` means Slurm where its client is installed and configured, else the local executor."""
-    if name != "auto":
+    if name != Backend.auto:
         return name
-    return "slurm" if shutil.which("sbatch") and _slurm_configured() else "local"
+    return Backend.slurm if shutil.which("sbatch") and _slurm_configured() else Backend.local
 
 
 def _slurm_configured() -> bool:
@@ -31,25 +42,35 @@ def _slurm_configured() -> bool:
     return Path(conf).is_file() or Path("/etc/slurm-llnl/slurm.conf").is_file()
 
 
-def check_local_gpus(cfg: Config) -> None:
-    """On the local backend, refuse to promise GPUs this machine does not have."""
+def check_submission(cfg: Config) -> Backend:
+    """Everything the launcher can check before a file is made; returns the backend to use."""
+    backend = resolve_backend(cfg.cluster.backend)
+    if backend == Backend.slurm and not shutil.which("sbatch"):
+        raise ConfigError(
+            "cluster.backend=slurm but `sbatch` is not on PATH: use cluster.backend=local"
+        )
+    if backend == Backend.local and cfg.cluster.nodes > 1:
+        raise ConfigError(
+            f"the local backend runs on one machine; cluster.nodes={cfg.cluster.nodes} needs Slurm"
+        )
+    runfolder.check_root(cfg.output.root)
+    if backend == Backend.local:
+        check_hardware(cfg, _local_gpus(), tasks_per_node(cfg))
+    return backend
+
+
+def _local_gpus() -> int:
     import torch
 
-    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if visible and cfg.cluster.gpus_per_node > visible:
-        raise ConfigError(
-            f"cluster.gpus_per_node={cfg.cluster.gpus_per_node} but this machine has {visible} "
-            f"GPU(s): set cluster.gpus_per_node={visible}"
-        )
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def slurm_parameters(cfg: Config, run_name: str) -> dict[str, Any]:
     """SlurmExecutor parameters; DP is one task holding the node's GPUs, DDP one task per GPU."""
     c = cfg.cluster
-    tasks = c.gpus_per_node if cfg.mode == "ddp" else 1
     gpus = (
         {"gpus_per_task": 1}
-        if cfg.mode == "ddp" and c.gpu_binding == "task"
+        if cfg.mode == Mode.ddp and c.gpu_binding == GpuBinding.task
         else {"gpus_per_node": c.gpus_per_node}
     )
     optional = {
@@ -61,10 +82,10 @@ def slurm_parameters(cfg: Config, run_name: str) -> dict[str, Any]:
     return {
         "job_name": f"kit-{run_name}",
         "nodes": c.nodes,
-        "ntasks_per_node": tasks,
-        "cpus_per_task": c.cpus_per_task * (1 if cfg.mode == "ddp" else c.gpus_per_node),
+        "ntasks_per_node": tasks_per_node(cfg),
+        "cpus_per_task": cpus_per_task(cfg),
         "time": c.timeout_min,
-        "signal_delay_s": c.signal_delay_s,
+        "signal_delay_s": signal_delay_s(cfg),
         "setup": list(c.setup),
         "srun_args": ["--kill-on-bad-exit=1"],  # one rank failing ends the job, not a hang
         "additional_parameters": dict(c.sbatch_extra),
@@ -75,53 +96,51 @@ def slurm_parameters(cfg: Config, run_name: str) -> dict[str, Any]:
     }
 
 
-def make_executor(cfg: Config, run_dir: Path, backend: str) -> submitit.Executor:
-    logs = run_dir / "logs"
-    if backend == "slurm":
+def make_executor(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Executor:
+    logs = runfolder.logs_dir(run_dir)
+    if backend == Backend.slurm:
         slurm = submitit.SlurmExecutor(folder=logs, max_num_timeout=0)
         slurm.update_parameters(**slurm_parameters(cfg, run_dir.name))
         return slurm
     local = submitit.LocalExecutor(folder=logs)
-    check_local_gpus(cfg)
     local.update_parameters(
         timeout_min=cfg.cluster.timeout_min,
         tasks_per_node=world_size(cfg),
-        gpus_per_node=_local_gpus(cfg),
-        signal_delay_s=min(cfg.cluster.signal_delay_s, cfg.cluster.timeout_min * 30),
+        gpus_per_node=cfg.cluster.gpus_per_node if _local_gpus() else 0,
+        signal_delay_s=signal_delay_s(cfg),
         setup=list(cfg.cluster.setup),
     )
     return local
 
 
 def submit(cfg: Config, command: list[str]) -> tuple[Path, submitit.Job[Any]]:
-    """Create the run folder, then submit the training job into it."""
+    """Check, create the run folder, then submit the training job into it."""
     from train.job import run  # imported here: torch is only needed when a job is submitted
 
-    backend = resolve_backend(cfg.cluster.backend)
-    if backend == "slurm" and not shutil.which("sbatch"):
-        raise ConfigError(
-            "cluster.backend=slurm but `sbatch` is not on PATH: use cluster.backend=local"
-        )
-    if backend == "local" and cfg.cluster.nodes > 1:
-        raise ConfigError(
-            f"the local backend runs on one machine; cluster.nodes={cfg.cluster.nodes} needs Slurm"
-        )
-    run_dir = runs.create(cfg, launcher="launch", backend=backend, command=command)
+    backend = check_submission(cfg)
+    run_dir = runfolder.create(cfg, launcher="launch", backend=backend.value, command=command)
     executor = make_executor(cfg, run_dir, backend)
     try:
         # submitit echoes sbatch's errors to stderr; the error below says them once.
         with contextlib.redirect_stderr(io.StringIO()):
             job = executor.submit(run, str(run_dir))
     except (submitit.core.utils.FailedSubmissionError, submitit.core.utils.FailedJobError) as err:
-        runs.update_meta(run_dir, submit_error=str(err))
+        runfolder.update_meta(run_dir, submit_error=str(err))
         raise SubmitError(
             f"Slurm refused the job: {_scheduler_words(err)} (run folder kept: {run_dir})"
         ) from None
-    runs.update_meta(run_dir, job_id=str(job.job_id))
+    _record_job(run_dir, job)
     return run_dir, job
 
 
-class SubmitError(RuntimeError):
+def _record_job(run_dir: Path, job: submitit.Job[Any]) -> None:
+    """The job id, and where each task's stdout and stderr go (submitit names them)."""
+    tasks = [job.task(rank) for rank in range(job.num_tasks)]
+    logs = [[str(t.paths.stdout), str(t.paths.stderr)] for t in tasks]
+    runfolder.update_meta(run_dir, job_id=str(job.job_id), logs=logs)
+
+
+class SubmitError(KitError):
     """The scheduler refused the job; the message carries its reason."""
 
 
@@ -131,18 +150,26 @@ def _scheduler_words(err: Exception) -> str:
     return " ".join(dict.fromkeys(lines)) or str(err).strip()
 
 
-def follow(job: submitit.Job[Any], run_dir: Path, say: Callable[[str], None] = print) -> bool:
-    """Print one line per finished epoch until the job ends; then its result or its error."""
+def _say(line: str) -> None:
+    print(line, flush=True)  # each line as it happens, also into a pipe or a file
+
+
+def follow(
+    job: submitit.Job[Any], run_dir: Path, say: Callable[[str], None] = _say, quiet: bool = False
+) -> bool:
+    """Print one line per finished epoch (unless quiet) until the job ends; then its result or
+    its error."""
     shown = 0
+    progress = (lambda line: None) if quiet else say
     while not job.done():
-        shown = _show_epochs(run_dir, shown, say)
+        shown = _show_epochs(run_dir, shown, progress)
         time.sleep(1.0)
-    _show_epochs(run_dir, shown, say)
+    _show_epochs(run_dir, shown, progress)
     try:
         result = job.results()[0]  # every task must succeed; rank 0 holds the summary
     except Exception as err:  # submitit re-raises the task's error with its traceback
         say(f"job {job.job_id} failed: {err}")
-        say(f"logs: {run_dir / 'logs'}")
+        say(f"logs: {runfolder.logs_dir(run_dir)}")
         return False
     say(f"job {job.job_id} done: {_result_words(result)}")
     return True
@@ -163,12 +190,11 @@ def _result_words(result: dict[str, Any]) -> str:
 
 
 def _show_epochs(run_dir: Path, shown: int, say: Callable[[str], None]) -> int:
-    path = metrics_path(run_dir, 0)
-    if not path.is_file():
-        return shown
-    records, _ = read_records(path)
-    start = next((r for r in records if r["kind"] == "start"), None)
-    epochs = [r for r in records if r["kind"] == "epoch"]
+    records = runfolder.read_rank(run_dir, 0)
+    start = next(iter(runfolder.of_kind(records, "start")), None)
+    epochs = runfolder.of_kind(records, "epoch")
+    if len(epochs) < shown:  # a new attempt started over: its epochs are shown as they come
+        shown = 0
     for r in epochs[shown:]:
         world = start["world_size"] if start else 1
         total = start["epochs"] if start else "?"
@@ -180,53 +206,115 @@ def _show_epochs(run_dir: Path, shown: int, say: Callable[[str], None]) -> int:
     return len(epochs)
 
 
-def _local_gpus(cfg: Config) -> int:
-    import torch
-
-    return cfg.cluster.gpus_per_node if torch.cuda.is_available() else 0
-
-
 def dry_run(cfg: Config) -> str:
-    """The parameters and, on Slurm, the exact batch script `submit` would send; nothing is created."""
-    from submitit.slurm.slurm import _make_sbatch_string
+    """What `submit` would do, refusing what it would refuse; on Slurm the exact batch script.
 
-    backend = resolve_backend(cfg.cluster.backend)
-    logs = f"{Path(cfg.output.root).resolve()}/<new run folder>/logs"
-    if backend == "local":
-        tasks = world_size(cfg)
-        return f"backend: local (submitit LocalExecutor)\ntasks: {tasks}\ntimeout_min: {cfg.cluster.timeout_min}\nlogs: {logs}\n"
-    params = slurm_parameters(cfg, "<new run folder>")
-    command = f"{sys.executable} -u -m submitit.core._submit {logs}"
-    script = _make_sbatch_string(command=command, folder=logs, **params)
+    Nothing is created: the script comes from submitit's own submission path, run against a
+    stand-in `sbatch` that only keeps the script, in a scratch folder named back to the run's.
+    """
+    backend = check_submission(cfg)
+    run_dir = runfolder.check_root(cfg.output.root) / runfolder.new_name(cfg)
+    head = f"run folder (made on submit, named then): {run_dir}\n"
+    if backend == Backend.local:
+        return (
+            f"{head}backend: local (submitit LocalExecutor)\ntasks: {world_size(cfg)}\n"
+            f"timeout_min: {cfg.cluster.timeout_min}\nlogs: {runfolder.logs_dir(run_dir)}\n"
+        )
+    params = slurm_parameters(cfg, run_dir.name)
     lines = [f"  {k}: {v}" for k, v in sorted(params.items())]
     return (
-        "backend: slurm (submitit SlurmExecutor)\nparameters:\n"
+        f"{head}backend: slurm (submitit SlurmExecutor)\nparameters:\n"
         + "\n".join(lines)
         + "\n\n"
-        + script
+        + _script_for(cfg, run_dir)
     )
 
 
-def sweep(cfgs: list[Config], command: list[str]) -> list[tuple[Path, submitit.Job[Any]]]:
-    """Submit a grid of configs as one Slurm array (locally: one job after another)."""
+_STAND_IN_SBATCH = """#!/bin/sh
+# Keeps the batch script submitit hands to sbatch; submits nothing.
+cp "$1" "$KIT_DRY_RUN_SCRIPT"
+echo "Submitted batch job 1"
+"""
+
+
+def _script_for(cfg: Config, run_dir: Path) -> str:
+    from train.job import run
+
+    with tempfile.TemporaryDirectory(prefix="kit-dry-run-") as scratch:
+        folder, bin_dir = Path(scratch) / "run", Path(scratch) / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "sbatch").write_text(_STAND_IN_SBATCH)
+        (bin_dir / "sbatch").chmod(0o755)
+        captured = Path(scratch) / "script.sh"
+        executor = make_executor(cfg, folder, Backend.slurm)
+        executor.update_parameters(job_name=f"kit-{run_dir.name}")
+        env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+        with _environment(env | {"KIT_DRY_RUN_SCRIPT": str(captured)}):
+            executor.submit(run, str(run_dir))
+        return captured.read_text().replace(str(folder), str(run_dir))
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def sweep(
+    cfgs: list[Config], command: list[str], parallel: int | None = None
+) -> Iterator[tuple[Path, submitit.Job[Any]]]:
+    """Submit a grid of configs: on Slurm one array (at most `parallel` elements at once); locally
+    one run after another (or `parallel` at a time), each waited for before the next starts."""
+    for cfg in cfgs:
+        check_submission(cfg)
+    if resolve_backend(cfgs[0].cluster.backend) == Backend.local:
+        yield from _local_sweep(cfgs, command, parallel or 1)
+    else:
+        yield from _slurm_sweep(cfgs, command, parallel)
+
+
+def _local_sweep(
+    cfgs: list[Config], command: list[str], parallel: int
+) -> Iterator[tuple[Path, submitit.Job[Any]]]:
+    running: list[submitit.Job[Any]] = []
+    for cfg in cfgs:
+        while len(running) >= parallel:
+            running = [job for job in running if not job.done()]
+            time.sleep(0.5)
+        run_dir, job = submit(cfg, command)
+        running.append(job)
+        yield run_dir, job
+    while not all(job.done() for job in running):
+        time.sleep(0.5)
+
+
+def _slurm_sweep(
+    cfgs: list[Config], command: list[str], parallel: int | None
+) -> Iterator[tuple[Path, submitit.Job[Any]]]:
     from train.job import run_array_element
 
-    backend = resolve_backend(cfgs[0].cluster.backend)
-    if backend == "local":
-        return [submit(cfg, command) for cfg in cfgs]
     shape = _array_shape(cfgs)
     run_dirs = [
-        runs.create(cfg, launcher="launch sweep", backend=backend, command=command) for cfg in cfgs
+        runfolder.create(cfg, launcher="launch sweep", backend="slurm", command=command)
+        for cfg in cfgs
     ]
-    executor = submitit.SlurmExecutor(
-        folder=run_dirs[0].parent / "sweeps" / run_dirs[0].name, max_num_timeout=0
-    )
+    logs = runfolder.sweep_logs_dir(run_dirs[0])
+    executor = submitit.SlurmExecutor(folder=logs, max_num_timeout=0)
     executor.update_parameters(**slurm_parameters(shape, f"sweep-{run_dirs[0].name}"))
+    if parallel:
+        executor.update_parameters(array_parallelism=parallel)
     jobs = executor.map_array(run_array_element, [str(d) for d in run_dirs])
     for run_dir, job in zip(run_dirs, jobs, strict=True):
-        runs.update_meta(run_dir, job_id=str(job.job_id))
-        _link_logs(run_dir, Path(executor.folder))
-    return list(zip(run_dirs, jobs, strict=True))
+        _record_job(run_dir, job)
+        yield run_dir, job
 
 
 def _array_shape(cfgs: list[Config]) -> Config:
@@ -236,16 +324,9 @@ def _array_shape(cfgs: list[Config]) -> Config:
         raise ConfigError(
             f"a sweep's elements must share nodes, GPUs per node and binding; got {sorted(shapes)}"
         )
-    ddp = next((c for c in cfgs if c.mode == "ddp"), cfgs[0])
-    if any(c.mode == "dp" for c in cfgs) and ddp.cluster.gpu_binding == "task":
+    ddp = next((c for c in cfgs if c.mode == Mode.ddp), cfgs[0])
+    if any(c.mode == Mode.dp for c in cfgs) and ddp.cluster.gpu_binding == GpuBinding.task:
         raise ConfigError(
             "a sweep with DP needs cluster.gpu_binding=node: DP's task must see all GPUs"
         )
     return ddp
-
-
-def _link_logs(run_dir: Path, array_logs: Path) -> None:
-    """Array logs live in one folder; each run folder points at it so `launch logs` finds them."""
-    link = run_dir / "logs"
-    if not link.exists():
-        link.symlink_to(array_logs, target_is_directory=True)

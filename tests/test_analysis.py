@@ -119,7 +119,7 @@ def test_repeats_of_one_setting_give_the_median_and_their_count(
 def test_csv_and_json_carry_every_figure_as_numbers(runs: dict[str, Path]) -> None:
     _, csv_out, _ = _summarize(runs["dp"], runs["ddp"], "--format", "csv")
     _, json_out, _ = _summarize(runs["dp"], runs["ddp"], "--format", "json")
-    for frame in (pd.read_csv(io.StringIO(csv_out)), pd.DataFrame(json.loads(json_out))):
+    for frame in (pd.read_csv(io.StringIO(csv_out)), pd.DataFrame(json.loads(json_out)["records"])):
         assert set(frame["metric"]) == set(LABELS) and set(frame["mode"]) == {
             "dp",
             "ddp",

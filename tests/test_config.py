@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from kit import REPO, kit
 
-from launch.config import ConfigError, load_config, per_rank_batch, world_size
+from train.config import ConfigError, load_config, per_rank_batch, world_size
 
 
 def test_defaults_are_the_articles() -> None:

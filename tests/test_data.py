@@ -73,9 +73,9 @@ def test_prepare_data_command(tmp_path: Path) -> None:
 
 
 def test_metrics_reader_skips_what_it_cannot_read(tmp_path: Path) -> None:
-    from train.metrics import MetricsWriter, read_records
+    from train.runfolder import RecordWriter, read_records
 
-    writer = MetricsWriter(tmp_path, rank=0)
+    writer = RecordWriter(tmp_path, rank=0)
     writer.write("start", mode="ddp")
     with writer.path.open("a") as f:
         f.write('3\n{"schema": 1, "kind": "epo')  # a stray value, then a line cut short

@@ -12,9 +12,14 @@ import shutil
 import struct
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+from train.errors import KitError
+
+if TYPE_CHECKING:  # torch is imported where data is loaded: the checks run without it
+    import torch
 
 IMAGE_MAGIC, LABEL_MAGIC = 0x00000803, 0x00000801
 FILES = {
@@ -40,7 +45,7 @@ _GLYPHS = [
 ]
 
 
-class DataError(RuntimeError):
+class DataError(KitError):
     """The dataset is missing or damaged; the message says how to get a good copy."""
 
 
@@ -128,18 +133,38 @@ def _write_idx(raw: Path, split: str, images: np.ndarray, labels: np.ndarray) ->
 
 
 def verify(folder: Path, dataset: str) -> None:
-    """Check all four IDX files exist with a sound header and the size it promises."""
+    """Check the four IDX files: sound headers, the sizes they promise, one label per image,
+    labels 0–9. Reads the label files whole (small); the images only by their size."""
     raw = folder / "MNIST" / "raw"
-    for (_, kind), name in FILES.items():
-        path = raw / name
-        if not path.is_file():
-            raise DataError(f"{path} is missing. {_fix(folder, dataset)}")
-        expected = _expected_size(path, IMAGE_MAGIC if kind == "images" else LABEL_MAGIC)
-        actual = path.stat().st_size
-        if expected != actual:
+    for split in ("train", "test"):
+        counts = [
+            _checked_count(raw / FILES[(split, kind)], kind, folder, dataset)
+            for kind in ("images", "labels")
+        ]
+        if counts[0] != counts[1]:
             raise DataError(
-                f"{path} is damaged ({actual} bytes, its header promises {expected}). {_fix(folder, dataset)}"
+                f"{raw}: the {split} split has {counts[0]} images ({FILES[(split, 'images')]}) but "
+                f"{counts[1]} labels ({FILES[(split, 'labels')]}). {_fix(folder, dataset)}"
             )
+        labels = np.fromfile(raw / FILES[(split, "labels")], dtype=np.uint8, offset=8)
+        if labels.size and labels.max() > 9:
+            raise DataError(
+                f"{raw / FILES[(split, 'labels')]} holds label {labels.max()}; digits are 0–9. "
+                f"{_fix(folder, dataset)}"
+            )
+
+
+def _checked_count(path: Path, kind: str, folder: Path, dataset: str) -> int:
+    if not path.is_file():
+        raise DataError(f"{path} is missing. {_fix(folder, dataset)}")
+    magic = IMAGE_MAGIC if kind == "images" else LABEL_MAGIC
+    expected = _expected_size(path, magic)
+    actual = path.stat().st_size
+    if expected != actual:
+        promise = f"its header promises {expected}" if expected else "its header is not MNIST's"
+        raise DataError(f"{path} is damaged ({actual} bytes, {promise}). {_fix(folder, dataset)}")
+    with path.open("rb") as f:
+        return int(struct.unpack(">I", f.read(8)[4:8])[0])
 
 
 def _expected_size(path: Path, magic: int) -> int | None:
@@ -149,8 +174,9 @@ def _expected_size(path: Path, magic: int) -> int | None:
         return None
     if magic == LABEL_MAGIC:
         return 8 + struct.unpack(">I", head[4:8])[0]
-    n, rows, cols = struct.unpack(">III", head[4:16]) if len(head) == 16 else (0, 0, 0)
-    return 16 + n * rows * cols
+    if len(head) < 16 or struct.unpack(">II", head[8:16]) != (28, 28):
+        return None  # the kit's model reads 28×28 images
+    return 16 + struct.unpack(">I", head[4:8])[0] * 28 * 28
 
 
 def _fix(folder: Path, dataset: str) -> str:
@@ -163,11 +189,35 @@ def _fix(folder: Path, dataset: str) -> str:
 
 
 def fetch_mnist(root: Path) -> Path:
-    """Download real MNIST into ROOT/MNIST/raw (needs internet) and check it."""
+    """Download real MNIST into ROOT/MNIST/raw (needs internet) and check it.
+
+    The download goes to a staging folder beside ROOT and moves in only when complete: a failed
+    download leaves nothing behind, and a copy already there is never touched.
+    """
     from torchvision.datasets import MNIST
 
-    for train in (True, False):
-        MNIST(str(root), train=train, download=True)
+    raw = root / "MNIST" / "raw"
+    if raw.is_dir():
+        verify(root, "mnist")
+        return root
+    made = [p for p in [raw.parent, *raw.parent.parents] if not p.exists()]
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=raw.parent))
+    try:
+        for train in (True, False):
+            MNIST(str(staging), train=train, download=True)
+        os.rename(staging / "MNIST" / "raw", raw)
+    except (OSError, RuntimeError) as err:  # no route to the mirrors, or a bad download
+        raise DataError(
+            f"could not download MNIST ({str(err).strip().splitlines()[0]}): run "
+            f"`python -m train fetch-mnist --root {root}` on a machine with internet and copy "
+            "the folder over"
+        ) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        for folder in made:  # deepest first: the folders this command made, if left empty
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
     verify(root, "mnist")
     return root
 
@@ -178,6 +228,7 @@ def load_split(folder: Path, dataset: str, train: bool) -> torch.utils.data.Tens
     Normalising the whole tensor once equals torchvision's per-sample ToTensor+Normalize, without
     a PIL round trip per image.
     """
+    import torch
     from torchvision.datasets import MNIST
 
     verify(folder, dataset)

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import datetime
 import hashlib
+import logging
 import os
 import platform
 import socket
@@ -25,15 +26,25 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
-from launch.config import Config, load_saved, per_rank_batch, world_size
-from train import data, distenv
+from train import data, distenv, runfolder
+from train.config import (
+    Config,
+    Mode,
+    Precision,
+    check_hardware,
+    cpus_per_task,
+    per_rank_batch,
+    world_size,
+)
+from train.errors import KitError, setup_logging
 from train.gpustats import GpuSampler
-from train.metrics import MetricsWriter
 from train.model import build
 from train.timing import StepClock, process_start_time
 
+log = logging.getLogger("train")
 
-class LaunchError(RuntimeError):
+
+class LaunchError(KitError):
     """The processes of the job do not match its config; the message names the fix."""
 
 
@@ -44,14 +55,21 @@ class Context:
     device: torch.device
     gpus: int  # GPUs this process drives (DP: all of the node's; DDP: one; CPU: 0)
     run_dir: Path
-    metrics: MetricsWriter
+    metrics: runfolder.RecordWriter
 
 
 def run(run_dir: str) -> dict[str, Any]:
     """Entry point submitted by `launch submit` (and called by `python -m train run`)."""
     started = process_start_time()
-    cfg = load_saved(Path(run_dir) / "config.yaml")
+    _log_to_stderr()
+    cfg = runfolder.load_job_config(Path(run_dir))
     return _run(cfg, distenv.detect(port=cfg.dist.port), Path(run_dir), started)
+
+
+def _log_to_stderr() -> None:
+    """A job's progress lines reach its log as they happen (submitit calls `run` directly)."""
+    if not logging.getLogger().handlers:
+        setup_logging()
 
 
 def run_array_element(run_dir: str) -> dict[str, Any] | None:
@@ -61,9 +79,10 @@ def run_array_element(run_dir: str) -> dict[str, Any] | None:
     in task 0 alone and the other tasks end at once.
     """
     started = process_start_time()
-    cfg = load_saved(Path(run_dir) / "config.yaml")
+    _log_to_stderr()
+    cfg = runfolder.load_job_config(Path(run_dir))
     env = distenv.detect(port=cfg.dist.port)
-    if cfg.mode == "dp" and env.world_size > 1:
+    if cfg.mode == Mode.dp and env.world_size > 1:
         if env.rank != 0:
             return None
         env = dataclasses.replace(env, world_size=1, local_world_size=1)
@@ -72,6 +91,8 @@ def run_array_element(run_dir: str) -> dict[str, Any] | None:
 
 def _run(cfg: Config, env: distenv.DistEnv, run_dir: Path, started: float) -> dict[str, Any]:
     check_launch(cfg, env)
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    check_hardware(cfg, visible, env.local_world_size)
     ctx = _setup(cfg, env, run_dir)
     try:
         return _largest_batch(ctx, started) if cfg.task == "largest_batch" else _train(ctx, started)
@@ -91,7 +112,7 @@ def check_launch(cfg: Config, env: distenv.DistEnv, environ: dict[str, str] | No
             f"this job has {environ['SLURM_NTASKS']} Slurm tasks but the script started python "
             "without srun, so only one process runs: start it as `srun python -m train run RUN_DIR`"
         )
-    if cfg.mode == "dp":
+    if cfg.mode == Mode.dp:
         raise LaunchError(
             f"DataParallel drives all GPUs from one process, but {env.world_size} were started: "
             "run one task (slurm/dp.sbatch, --ntasks-per-node=1) or use --mode ddp"
@@ -108,7 +129,7 @@ def _setup(cfg: Config, env: distenv.DistEnv, run_dir: Path) -> Context:
     torch.set_num_threads(_cpu_threads(cfg, env))
     # The same initial weights everywhere (DDP broadcasts rank 0's anyway).
     torch.manual_seed(cfg.train.seed)
-    if cfg.mode == "ddp":
+    if cfg.mode == Mode.ddp:
         env.export()
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -117,51 +138,31 @@ def _setup(cfg: Config, env: distenv.DistEnv, run_dir: Path) -> Context:
             init_method="env://",
             timeout=datetime.timedelta(seconds=cfg.dist.timeout_s),
         )
-    return Context(cfg, env, device, gpus, run_dir, MetricsWriter(run_dir, env.rank))
+    return Context(cfg, env, device, gpus, run_dir, runfolder.RecordWriter(run_dir, env.rank))
 
 
 def _pick_device(cfg: Config, env: distenv.DistEnv) -> tuple[torch.device, int]:
+    """This process's device and how many GPUs it drives (checked by check_hardware)."""
     if not torch.cuda.is_available():
-        if cfg.train.precision == "fp16":
-            raise LaunchError("train.precision=fp16 needs CUDA; on CPU use train.precision=bf16")
         return torch.device("cpu"), 0
-    visible = torch.cuda.device_count()
-    if cfg.mode == "dp":
-        if cfg.cluster.gpus_per_node > visible:
-            raise LaunchError(
-                f"cluster.gpus_per_node={cfg.cluster.gpus_per_node} but this process sees {visible} "
-                f"GPU(s): set cluster.gpus_per_node={visible} or ask Slurm for more GPUs"
-            )
+    if cfg.mode == Mode.dp:
         return torch.device("cuda", 0), cfg.cluster.gpus_per_node
-    if visible == 1:  # --gpus-per-task: Slurm shows each task only its own GPU
+    if torch.cuda.device_count() == 1:  # --gpus-per-task: Slurm shows each task its own GPU
         return torch.device("cuda", 0), 1
-    if env.local_world_size > visible:
-        raise LaunchError(
-            f"{env.local_world_size} DDP tasks on this node share {visible} GPUs: ask Slurm for "
-            f"--gpus-per-node={env.local_world_size}, or run {visible} tasks per node"
-        )
     return torch.device("cuda", env.local_rank), 1
 
 
 def _cpu_threads(cfg: Config, env: distenv.DistEnv) -> int:
     """The CPUs the job asked for per task (Slurm's word, else the config's), never more than this
     machine's cores per task: N tasks oversubscribing shared cores run at half speed or worse."""
-    asked = os.environ.get("SLURM_CPUS_PER_TASK")
-    wanted = (
-        int(asked)
-        if asked
-        else cfg.cluster.cpus_per_task * (cfg.cluster.gpus_per_node if cfg.mode == "dp" else 1)
-    )
+    asked = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    wanted = int(asked) if asked.isdigit() else cpus_per_task(cfg)
     return max(1, min(wanted, len(os.sched_getaffinity(0)) // env.local_world_size))
 
 
 def _dist_backend(cfg: Config) -> str:
     if cfg.dist.backend != "auto":
-        if cfg.dist.backend == "nccl" and not torch.cuda.is_available():
-            raise LaunchError(
-                "dist.backend=nccl needs CUDA GPUs; on CPU use dist.backend=gloo (or auto)"
-            )
-        return cfg.dist.backend
+        return cfg.dist.backend.value
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
@@ -178,7 +179,7 @@ def _load_data(ctx: Context) -> tuple[TensorDataset, TensorDataset]:
 
 
 def _wrap(ctx: Context, model: nn.Module) -> nn.Module:
-    if ctx.cfg.mode == "dp":  # without GPUs DataParallel runs the bare module
+    if ctx.cfg.mode == Mode.dp:  # without GPUs DataParallel runs the bare module
         return nn.DataParallel(model, device_ids=list(range(ctx.gpus)) or None)
     ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(model, device_ids=ids)
@@ -202,7 +203,7 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
     test_loader = _loader(ctx, test_shard, per_rank_batch(cfg) * cfg.train.grad_accum_steps)
     model, optimizer = _model_and_optimizer(ctx)
     raw_model = typing.cast(nn.Module, model.module)  # the bare model inside DP/DDP
-    scaler = torch.amp.GradScaler(enabled=cfg.train.precision == "fp16")
+    scaler = torch.amp.GradScaler(enabled=cfg.train.precision == Precision.fp16)
     torch.manual_seed(cfg.train.seed + env.rank)  # different dropout masks per rank
     gpus = GpuSampler(_driven_gpus(ctx))
     ctx.metrics.write(
@@ -217,7 +218,9 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
         figures = _train_epoch(ctx, model, loader, optimizer, scaler)
         gpus.pause()
         eval_start = time.perf_counter()
-        test_loss, accuracy = _evaluate(ctx, model if cfg.mode == "dp" else raw_model, test_loader)
+        test_loss, accuracy = _evaluate(
+            ctx, model if cfg.mode == Mode.dp else raw_model, test_loader
+        )
         record = ctx.metrics.write(
             "epoch",
             epoch=epoch,
@@ -227,8 +230,12 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
             eval_seconds=time.perf_counter() - eval_start,
         )
         epochs.append(record)
+        log.info(
+            "rank %d epoch %d/%d: %.2f s, train loss %.4f, test accuracy %.2f%%",
+            env.rank, epoch, cfg.train.epochs, record["seconds"], record["train_loss"], 100 * accuracy,
+        )  # fmt: skip
         if env.is_main and cfg.train.checkpoint:
-            save_checkpoint(raw_model, ctx.run_dir / "checkpoints" / "model.pt")
+            save_checkpoint(raw_model, runfolder.checkpoint_path(ctx.run_dir))
     gpus.close()
     return _summary(ctx, epochs, started, raw_model, gpus)
 
@@ -269,7 +276,7 @@ def _loader(ctx: Context, dataset: Any, batch: int, sampler: Any = None) -> Data
 
 
 def _autocast(ctx: Context) -> contextlib.AbstractContextManager[Any]:
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(ctx.cfg.train.precision)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(ctx.cfg.train.precision.value)
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(ctx.device.type, dtype=dtype)
@@ -317,7 +324,9 @@ def _train_epoch(
 def _driven_gpus(ctx: Context) -> list[int]:
     if ctx.device.type != "cuda":
         return []
-    return list(range(ctx.gpus)) if ctx.cfg.mode == "dp" else [typing.cast(int, ctx.device.index)]
+    return (
+        list(range(ctx.gpus)) if ctx.cfg.mode == Mode.dp else [typing.cast(int, ctx.device.index)]
+    )
 
 
 @torch.no_grad()
@@ -345,10 +354,8 @@ def _synchronize(ctx: Context) -> None:
 
 def save_checkpoint(raw_model: nn.Module, path: Path) -> None:
     """Save the bare model's weights (no `module.` prefix) atomically: a crash leaves the old file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    torch.save(raw_model.state_dict(), partial)
-    os.replace(partial, path)
+    with runfolder.atomic_file(path) as partial:
+        torch.save(raw_model.state_dict(), partial)
 
 
 def _start_record(ctx: Context, train_samples: int, test_samples: int) -> dict[str, Any]:
@@ -404,7 +411,7 @@ def _summary(
     gpus: GpuSampler,
 ) -> dict[str, Any]:
     last = epochs[-1]
-    checkpoint = "checkpoints/model.pt" if ctx.env.is_main and ctx.cfg.train.checkpoint else None
+    checkpoint = runfolder.CHECKPOINT if ctx.env.is_main and ctx.cfg.train.checkpoint else None
     return ctx.metrics.write(
         "summary",
         epochs=len(epochs),

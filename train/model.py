@@ -6,6 +6,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from train.config import ModelName
+
 
 class ConvNet(nn.Module):
     def __init__(self, dropout: bool = True) -> None:
@@ -25,7 +27,8 @@ class ConvNet(nn.Module):
         return self.fc2(x)  # logits; the loss applies log-softmax
 
 
-def build(name: str, dropout: bool = True) -> nn.Module:
-    if name != "convnet":
-        raise ValueError(f"unknown model {name!r}; the kit provides: convnet")
-    return ConvNet(dropout)
+MODELS = {ModelName.convnet: ConvNet}  # one entry per ModelName
+
+
+def build(name: ModelName, dropout: bool = True) -> nn.Module:
+    return MODELS[name](dropout)

@@ -1,0 +1,66 @@
+"""The kit's one error idiom: `KitError` for what a user can fix, and the wrapper every CLI uses.
+
+A `KitError` is printed as one line that names the fix, with exit code 2. Any other exception is a
+bug in the kit (or in torch, or the machine) and keeps its traceback, with exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from importlib import metadata
+from typing import NoReturn
+
+EXIT_USAGE = 2
+DISTRIBUTION = "slurm-ddp-kit"
+
+
+class KitError(Exception):
+    """Something the user can fix: the message says what was wrong and how to fix it."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors read like the kit's: one line, where the help is, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+def add_common_flags(parser: argparse.ArgumentParser) -> None:
+    """--version, -v and -q: the ordinary habits of a command line."""
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="say more (debug output)"
+    )
+    parser.add_argument("-q", "--quiet", action="store_true", help="print errors and results only")
+
+
+def version() -> str:
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def run_cli(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a parsed command: a KitError becomes one line and exit 2; anything else propagates."""
+    setup_logging(getattr(args, "verbose", 0), getattr(args, "quiet", False))
+    try:
+        return int(func(args))
+    except KitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
+    """Messages to stderr, each line written as it happens (job logs show progress live)."""
+    level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
+    logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr, force=True)
+
+
+def main_of(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Parse argv with `parser` (whose commands set `func`) and run the command."""
+    args = parser.parse_args(argv)
+    return run_cli(args.func, args)

@@ -1,0 +1,394 @@
+"""The run folder: the one module that knows its layout, its records and their schema.
+
+`launch` creates it, `train` fills it from inside the job, `analysis` and `launch status` read it;
+all of them ask this module for every path and record (contract: docs/run-folder.md). It imports
+neither torch nor OmegaConf, so readers of thousands of runs stay fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import re
+import secrets
+import socket
+import stat
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from train.config import Config, from_dict, load_config, to_dict, to_yaml
+from train.errors import KitError
+
+SCHEMA = 1  # of run.json and of every record; a reader refuses a newer one, naming the fix
+CONFIG = "config.yaml"  # the resolved settings, for people and for the job
+META = "run.json"  # who made the run, its job, and the settings again as JSON for fast readers
+METRICS = "metrics"  # one JSON-lines file per rank
+LOGS = "logs"
+CHECKPOINT = "checkpoints/model.pt"
+KINDS = ("start", "epoch", "summary")
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9@+=:,./_-]+")  # needs no shell quoting; no Slurm % pattern
+
+
+class RunFolderError(KitError):
+    """A path is not a readable run folder of this kit's schema; the message names the fix."""
+
+
+# --- making a run folder ------------------------------------------------------------------
+
+
+def check_root(root: str | Path) -> Path:
+    """The output root, absolute, after checking a run folder can be made there (nothing made)."""
+    path = Path(root).expanduser().resolve()
+    existing = next(p for p in [path, *path.parents] if p.exists())
+    if not existing.is_dir():
+        raise RunFolderError(
+            f"output.root={root} cannot hold run folders: {existing} is a file. Point output.root "
+            "at a folder, e.g. output.root=runs"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK) or not _can_make_folder_in(existing):
+        raise RunFolderError(
+            f"output.root={root}: {existing} is not writable by this user; pick a folder you "
+            "can write, e.g. output.root=$HOME/runs"
+        )
+    if not _PLAIN_PATH.fullmatch(str(path)):
+        raise RunFolderError(
+            f"output.root={path} holds a character that Slurm's log patterns or the shell would "
+            "rewrite (a space, %, quotes, $ …): use letters, digits and @+=:,./_- only"
+        )
+    return path
+
+
+def _can_make_folder_in(folder: Path) -> bool:
+    """Try it (root passes os.access even where mkdir fails, e.g. under /proc or /sys); the trial
+    folder is removed at once."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".kit-check-", dir=folder))
+    except OSError:
+        return False
+    return True
+
+
+def new_name(cfg: Config) -> str:
+    """<UTC time>-<mode>-<nodes>n<gpus>g[-<output.name>]-<4 hex>: unique, sortable by time."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    shape = f"{cfg.cluster.nodes}n{cfg.cluster.gpus_per_node}g"
+    parts = [stamp, cfg.mode.value, shape, cfg.output.name, secrets.token_hex(2)]
+    return "-".join(filter(None, parts))
+
+
+def create(cfg: Config, launcher: str, backend: str, command: list[str]) -> Path:
+    """Make a new run folder with the resolved config (paths made absolute) and run.json.
+
+    Written under a hidden staging name and renamed into place, so a reader never sees a run
+    folder without its config.
+    """
+    root = check_root(cfg.output.root)
+    cfg.output.root = str(root)
+    cfg.data.root = str(Path(cfg.data.root).expanduser().resolve())  # the job may start elsewhere
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+    try:
+        (staging / CONFIG).write_text(to_yaml(cfg))
+        (staging / LOGS).mkdir()
+        return _publish(staging, cfg, launcher, backend, command)
+    except BaseException:
+        _remove_tree(staging)
+        raise
+
+
+def _publish(staging: Path, cfg: Config, launcher: str, backend: str, command: list[str]) -> Path:
+    while True:
+        run_dir = staging.parent / new_name(cfg)
+        _write_json(staging / META, _meta(run_dir.name, cfg, launcher, backend, command))
+        try:
+            staging.rename(run_dir)  # fails rather than replace: an earlier run is never lost
+            return run_dir
+        except OSError:
+            if not run_dir.exists():
+                raise
+            time.sleep(0.01)
+
+
+def _meta(
+    run_id: str, cfg: Config, launcher: str, backend: str, command: list[str]
+) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "run_id": run_id,
+        "mode": cfg.mode.value,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "launcher": launcher,
+        "backend": backend,
+        "job_id": None,
+        "host": socket.gethostname(),
+        "command": command,
+        "config": to_dict(cfg),
+    }
+
+
+def _remove_tree(path: Path) -> None:
+    for child in sorted(path.rglob("*"), reverse=True):
+        child.rmdir() if child.is_dir() else child.unlink()
+    path.rmdir()
+
+
+# --- run.json -----------------------------------------------------------------------------
+
+
+def read_meta(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / META
+    try:  # read first, ask why only when that fails: one system call less per run
+        with open(path, "rb") as f:
+            meta = json.loads(f.read())
+    except (OSError, ValueError) as err:
+        if not path.is_file():
+            raise RunFolderError(
+                f"{run_dir} is not a run folder (no {META}): pass a folder under runs/"
+            ) from None
+        raise RunFolderError(f"{path} cannot be read ({err}): the run folder is damaged") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("schema"), int):
+        raise RunFolderError(f"{path} is not a run record of this kit (no schema number)")
+    if meta["schema"] > SCHEMA:
+        raise RunFolderError(
+            f"{path} has schema {meta['schema']}, newer than this kit's {SCHEMA}: "
+            "read it with the newer kit that wrote it (pip install -U the kit)"
+        )
+    return meta
+
+
+def update_meta(run_dir: Path, **fields: Any) -> dict[str, Any]:
+    meta = {**read_meta(run_dir), **fields}
+    _write_json(run_dir / META, meta)
+    return meta
+
+
+def read_config(run_dir: Path) -> Config:
+    """The run's settings: from run.json (fast), else config.yaml (folders of older kits)."""
+    return config_of(run_dir, read_meta(run_dir))
+
+
+def config_of(run_dir: Path, meta: dict[str, Any]) -> Config:
+    """`read_config` for a reader that has read run.json already (it is read once per run)."""
+    stored = meta.get("config")
+    if isinstance(stored, dict):
+        return from_dict(stored)
+    return load_job_config(run_dir)
+
+
+def load_job_config(run_dir: Path) -> Config:
+    """config.yaml, validated in full: what a job runs with."""
+    path = run_dir / CONFIG
+    if not path.is_file():
+        raise RunFolderError(
+            f"{path} does not exist: is {run_dir} a run folder made by `python -m launch submit` "
+            "or `python -m launch prepare`?"
+        )
+    return load_config(config_file=path)
+
+
+def find_runs(root: Path) -> list[Path]:
+    """Every run folder in or under root (a folder holding run.json), by name; never inside one."""
+    if _holds_meta(os.fspath(root)):
+        return [Path(root)]
+    found: list[Path] = []
+    folders = [os.fspath(root)]
+    while folders:  # one stat per run folder, rather than listing what it holds (os.walk)
+        try:
+            entries = list(os.scandir(folders.pop()))
+        except OSError:  # unreadable, or gone meanwhile: as os.walk, pass over it
+            continue
+        for entry in entries:
+            # Hidden: staging folders. Links to folders are not followed (os.walk's default).
+            if entry.name.startswith(".") or entry.is_symlink() or not entry.is_dir():
+                continue
+            if _holds_meta(entry.path):
+                found.append(Path(entry.path))  # a run folder holds no other run folder
+            else:
+                folders.append(entry.path)
+    return sorted(found, key=lambda p: (p.name, str(p)))
+
+
+def _holds_meta(folder: str) -> bool:
+    """Whether the folder holds a run.json that is no folder (what os.walk would list as a file)."""
+    path = os.path.join(folder, META)
+    try:
+        return not stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        return os.path.islink(path)  # a dangling link: a damaged run, reported as such later
+
+
+# --- per-rank records ---------------------------------------------------------------------
+
+
+def metrics_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / METRICS / f"rank-{rank:05d}.jsonl"
+
+
+def rank_files(run_dir: Path) -> dict[int, Path]:
+    """Each rank's records file, by rank."""
+    try:
+        entries = list(os.scandir(run_dir / METRICS))
+    except (FileNotFoundError, NotADirectoryError):  # no records yet
+        return {}
+    files = {}
+    for entry in entries:
+        name = entry.name
+        if name.startswith("rank-") and name.endswith(".jsonl") and name[5:-6].isdigit():
+            files[int(name[5:-6])] = Path(entry.path)
+    return dict(sorted(files.items()))
+
+
+class RecordWriter:
+    """Appends one JSON object per line and flushes it, so a killed job keeps every whole record."""
+
+    def __init__(self, run_dir: Path, rank: int) -> None:
+        self.rank = rank
+        self.path = metrics_path(run_dir, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, kind: str, **fields: Any) -> dict[str, Any]:
+        assert kind in KINDS, kind
+        record = {"schema": SCHEMA, "kind": kind, "time": time.time(), "rank": self.rank, **fields}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        return record
+
+
+def read_records(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every whole record of one file, and a warning per line that could not be used."""
+    text = path.read_text()
+    try:  # one parse for the whole file: the common case, and the fast one
+        parsed = json.loads("[" + ",".join(text.splitlines()) + "]")
+        if all(isinstance(r, dict) and r.get("schema") == SCHEMA and "kind" in r for r in parsed):
+            return parsed, []
+    except ValueError:
+        pass
+    records: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        record, problem = _parse_line(line)
+        if problem:
+            problems.append(f"{path}:{number}: {problem}")
+        else:
+            records.append(record)
+    return records, problems
+
+
+def _parse_line(line: str) -> tuple[dict[str, Any], str]:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or "kind" not in record:
+        return {}, "unreadable line skipped (cut short by a killed job?)"
+    schema = record.get("schema")
+    if isinstance(schema, int) and schema > SCHEMA:
+        return (
+            {},
+            f"schema {schema} skipped: written by a newer kit (this one reads {SCHEMA}); upgrade to read it",
+        )
+    if schema != SCHEMA:
+        return {}, f"schema {schema!r} skipped: not a record of this kit (it reads {SCHEMA})"
+    return record, ""
+
+
+def current_attempt(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records after the last `start`: a restarted job appends a new attempt to the file."""
+    for i in range(len(records) - 1, -1, -1):  # from the end: the last start is near it
+        if records[i].get("kind") == "start":
+            return records[i:]
+    return records
+
+
+def attempts(records: list[dict[str, Any]]) -> int:
+    return sum(1 for r in records if r.get("kind") == "start")
+
+
+def of_kind(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("kind") == kind]
+
+
+def read_rank(run_dir: Path, rank: int) -> list[dict[str, Any]]:
+    """One rank's current attempt ([] before it wrote anything); unreadable lines skipped."""
+    path = metrics_path(run_dir, rank)
+    return current_attempt(read_records(path)[0]) if path.is_file() else []
+
+
+# --- checkpoints and logs -----------------------------------------------------------------
+
+
+def checkpoint_path(run_dir: Path) -> Path:
+    return run_dir / CHECKPOINT
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; once written, it is synced and renamed into place.
+
+    A crash at any point leaves the previous file whole, and no partial file behind.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    os.close(fd)
+    partial = Path(name)
+    try:
+        yield partial
+        with partial.open("rb") as f:
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+        _sync_folder(path.parent)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _sync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def logs_dir(run_dir: Path) -> Path:
+    return run_dir / LOGS
+
+
+def sweep_logs_dir(first_run: Path) -> Path:
+    """A sweep's array writes every element's logs into one folder beside its run folders."""
+    return first_run.parent / "sweeps" / first_run.name
+
+
+def sbatch_log_pattern(run_dir: Path) -> str:
+    """srun's --output for the sbatch scripts: one file per task (%t: the task's rank)."""
+    return str(logs_dir(run_dir) / "rank-%t.out")
+
+
+def log_files(run_dir: Path, rank: int) -> list[Path]:
+    """The files holding one rank's stdout and stderr, as the launcher recorded them."""
+    meta = read_meta(run_dir)
+    recorded = meta.get("logs") or []
+    if meta.get("launcher") == "sbatch":
+        paths = [Path(sbatch_log_pattern(run_dir).replace("%t", str(rank)))]
+    elif 0 <= rank < len(recorded):
+        paths = [Path(p) for p in recorded[rank]]
+    else:
+        paths = []
+    return [p for p in paths if p.is_file()]
+
+
+def shell_assignments(run_dir: Path) -> str:
+    """What `launch prepare --shell` prints: the paths an sbatch script needs, as shell lines."""
+    import shlex
+
+    values = {"run_dir": str(run_dir), "rank_log": sbatch_log_pattern(run_dir)}
+    return "".join(f"{name}={shlex.quote(value)}\n" for name, value in values.items())
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    with atomic_file(path) as partial:
+        partial.write_text(json.dumps(data, indent=2) + "\n")
