@@ -42,10 +42,13 @@ def _slurm_configured() -> bool:
     return Path(conf).is_file() or Path("/etc/slurm-llnl/slurm.conf").is_file()
 
 
-def check_submission(cfg: Config) -> Backend:
-    """Everything the launcher can check before a file is made; returns the backend to use."""
+def check_submission(cfg: Config, dry_run: bool = False) -> Backend:
+    """Everything the launcher can check before a file is made; returns the backend to use.
+
+    A dry run needs no Slurm client: it shows the script on any machine.
+    """
     backend = resolve_backend(cfg.cluster.backend)
-    if backend == Backend.slurm and not shutil.which("sbatch"):
+    if backend == Backend.slurm and not shutil.which("sbatch") and not dry_run:
         raise ConfigError(
             "cluster.backend=slurm but `sbatch` is not on PATH: use cluster.backend=local"
         )
@@ -212,7 +215,7 @@ def dry_run(cfg: Config) -> str:
     Nothing is created: the script comes from submitit's own submission path, run against a
     stand-in `sbatch` that only keeps the script, in a scratch folder named back to the run's.
     """
-    backend = check_submission(cfg)
+    backend = check_submission(cfg, dry_run=True)
     run_dir = runfolder.check_root(cfg.output.root) / runfolder.new_name(cfg)
     head = f"run folder (made on submit, named then): {run_dir}\n"
     if backend == Backend.local:

@@ -91,6 +91,23 @@ def test_config_command_error_exit_code() -> None:
 @pytest.mark.parametrize(
     "example", sorted((REPO / "docs" / "examples").glob("*.yaml")), ids=lambda p: p.name
 )
-def test_example_configs_load(example: Path) -> None:
+def test_example_configs_reach_the_batch_script(example: Path, tmp_path: Path) -> None:
+    """Each example's shape and Slurm settings appear in the script a dry run shows."""
     cfg = load_config(example)
-    assert cfg.mode in ("dp", "ddp")
+    done = kit(
+        "launch", "submit", "--config", str(example), "--dry-run", "cluster.backend=slurm",
+        f"output.root={tmp_path}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    c = cfg.cluster
+    tasks = c.gpus_per_node if cfg.mode == "ddp" else 1
+    for line in (
+        f"#SBATCH --nodes={c.nodes}",
+        f"#SBATCH --ntasks-per-node={tasks}",
+        f"#SBATCH --gpus-per-node={c.gpus_per_node}",
+        f"#SBATCH --cpus-per-task={c.cpus_per_task * c.gpus_per_node // tasks}",
+        *(f"#SBATCH --{k}={v}" for k, v in c.sbatch_extra.items()),
+        *c.setup,
+    ):
+        assert line in done.stdout, line
+    assert not any(tmp_path.iterdir())

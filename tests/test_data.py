@@ -6,9 +6,10 @@ import hashlib
 from pathlib import Path
 
 import pytest
+import torch
 from kit import kit
 
-from train.data import DataError, dataset_dir, load_split, prepare_synthetic, verify
+from train.data import MEAN, STD, DataError, dataset_dir, load_split, prepare_synthetic, verify
 
 
 def _digest(folder: Path) -> str:
@@ -24,7 +25,10 @@ def test_synthetic_is_mnist_shaped_and_read_by_torchvision(tmp_path: Path) -> No
     )
     assert train.tensors[0].shape == (600, 1, 28, 28) and test.tensors[0].shape == (100, 1, 28, 28)
     assert set(train.tensors[1].tolist()) == set(range(10))
-    assert abs(train.tensors[0].mean().item()) < 1.0  # normalised with MNIST's mean and std
+    raw = (folder / "MNIST" / "raw" / "train-images-idx3-ubyte").read_bytes()[16:]
+    pixels = torch.frombuffer(bytearray(raw), dtype=torch.uint8).float().reshape(600, 1, 28, 28)
+    expected = (pixels / 255 - MEAN) / STD  # torchvision's ToTensor then Normalize(MEAN, STD)
+    assert torch.allclose(train.tensors[0], expected)
 
 
 def test_synthetic_is_deterministic_from_its_seed(tmp_path: Path) -> None:

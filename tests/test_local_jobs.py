@@ -64,7 +64,6 @@ def test_run_folder_holds_config_meta_and_one_file_per_rank(
         "rank-00000.jsonl",
         "rank-00001.jsonl",
     ]
-    assert len({p for _, (p, _) in runs.items()}) == 3  # each submission its own folder
 
 
 @pytest.mark.parametrize("name", ["ddp", "ddp-accum"])

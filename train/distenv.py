@@ -90,9 +90,16 @@ def detect(environ: Mapping[str, str] | None = None, port: int = 0) -> DistEnv:
 
 
 def port_for_job(job_id: str) -> int:
-    """A port in 20000–59999 that differs between jobs whose ids differ by less than 40000."""
-    digits = re.sub(r"\D", "", job_id) or "0"
-    return 20000 + int(digits) % 40000
+    """A port in 20000–59999 from the job id ('123', or '12_3' for an array element).
+
+    Jobs whose ids differ by less than 40000 get different ports, and so do the elements (below
+    997) of one array: 997 is prime, so id × 997 + element runs through every port before repeating.
+    Below the OS's ephemeral range (32768+ on Linux by default) half of the time, never above 60000.
+    """
+    job, _, element = job_id.partition("_")
+    job_digits = re.sub(r"\D", "", job) or "0"
+    element_digits = re.sub(r"\D", "", element) or "0"
+    return 20000 + (int(job_digits) * 997 + int(element_digits)) % 40000
 
 
 def first_host(nodelist: str) -> str:

@@ -1,0 +1,74 @@
+"""The run folder module: made whole or not at all, never replacing a run, atomic writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from train import runfolder
+from train.config import load_config
+
+
+def test_a_run_is_never_replaced_by_a_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two submissions that draw the same name in the same second: the second gets another."""
+    cfg = load_config(overrides=[f"output.root={tmp_path}", "cluster.backend=local"])
+    names = iter(["same-name", "same-name", "other-name"])
+    monkeypatch.setattr(runfolder, "new_name", lambda cfg: next(names))
+    first = runfolder.create(cfg, launcher="launch", backend="local", command=["a"])
+    second = runfolder.create(cfg, launcher="launch", backend="local", command=["b"])
+    assert (first.name, second.name) == ("same-name", "other-name")
+    assert runfolder.read_meta(first)["command"] == ["a"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other-name", "same-name"]  # no staging
+
+
+def test_a_failed_create_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = load_config(overrides=[f"output.root={tmp_path}"])
+
+    def broken(*args: object) -> dict[str, object]:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(runfolder, "_meta", broken)
+    with pytest.raises(OSError, match="disk full"):
+        runfolder.create(cfg, launcher="launch", backend="local", command=[])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_settings_read_back_fast_equal_the_validated_config(tmp_path: Path) -> None:
+    cfg = load_config(overrides=[f"output.root={tmp_path}", "mode=dp", "train.precision=bf16"])
+    run_dir = runfolder.create(cfg, launcher="launch", backend="local", command=[])
+    assert runfolder.read_config(run_dir) == runfolder.load_job_config(run_dir) == cfg
+
+
+def test_records_after_the_last_start_count(tmp_path: Path) -> None:
+    writer = runfolder.RecordWriter(tmp_path, rank=0)
+    for attempt in (1, 2):
+        writer.write("start", attempt=attempt)
+        writer.write("epoch", epoch=1)
+    records, problems = runfolder.read_records(writer.path)
+    assert problems == [] and runfolder.attempts(records) == 2
+    assert runfolder.read_rank(tmp_path, 0) == records[2:]
+
+
+def test_a_newer_schema_is_refused_with_the_fix(tmp_path: Path) -> None:
+    (tmp_path / runfolder.META).write_text(json.dumps({"schema": 99, "run_id": "x"}))
+    with pytest.raises(runfolder.RunFolderError, match="newer than this kit"):
+        runfolder.read_meta(tmp_path)
+    writer = runfolder.RecordWriter(tmp_path, rank=0)
+    writer.write("start")
+    with writer.path.open("a") as f:
+        f.write(json.dumps({"schema": 99, "kind": "epoch"}) + "\n")
+    records, problems = runfolder.read_records(writer.path)
+    assert len(records) == 1 and "newer kit" in problems[0]
+
+
+def test_atomic_file_keeps_the_old_file_when_writing_fails(tmp_path: Path) -> None:
+    target = tmp_path / "model.pt"
+    target.write_text("old")
+    with pytest.raises(RuntimeError), runfolder.atomic_file(target) as partial:
+        partial.write_text("half")
+        raise RuntimeError("killed mid-write")
+    assert target.read_text() == "old" and list(tmp_path.iterdir()) == [target]
