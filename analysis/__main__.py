@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+# Neither imports pandas at the top: it loads while other processes read the runs (load_runs).
 from analysis.load import RunDirError, load_runs, resolve_run_dirs
 from analysis.table import FORMATS, Group, group_runs
 
@@ -92,7 +93,7 @@ def _summarize(args: argparse.Namespace) -> int:
     if args.plot and args.plot.suffix.lower() not in PLOT_SUFFIXES:
         raise UsageError(f"--plot {args.plot}: end the name in {' or '.join(PLOT_SUFFIXES)}")
     run_dirs = resolve_run_dirs(args.run_dirs, args.root)
-    runs, notes = load_runs(run_dirs)
+    runs, notes = load_runs(run_dirs, parallel=True)  # this module runs nothing on import
     for note in notes:  # warnings and skipped runs: on stderr, so stdout stays a clean table
         print(note, file=sys.stderr)
     if runs.empty:

@@ -6,17 +6,23 @@ not hold is NaN in the frame and "n/m" in print: never 0, never a guess.
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Callable, Iterable, Sequence
+import operator
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Literal
 
 from train import runfolder
 from train.config import Config, world_size
 from train.errors import KitError
+
+if TYPE_CHECKING:  # imported in load_runs: the processes that read runs never need pandas
+    from concurrent.futures import Executor
+
+    import pandas as pd
 
 NOT_MEASURED = float("nan")
 
@@ -127,6 +133,8 @@ def resolve_run_dirs(paths: Sequence[Path], root: Path) -> list[Path]:
                 "--wait`, or name a run folder (or --root) where runs are"
             )
         return found
+    if len(paths) == 1:  # find_runs yields each folder once
+        return _runs_in(paths[0])
     runs: dict[Path, Path] = {}
     for path in paths:
         # One resolve per path given, not per run: find_runs follows no link below the path.
@@ -150,17 +158,82 @@ def _runs_in(path: Path) -> list[Path]:
     return found
 
 
-def load_runs(run_dirs: Iterable[Path]) -> tuple[pd.DataFrame, list[str]]:
-    """One row per finished run (sorted by run id), and a note per problem met on the way."""
+def load_runs(run_dirs: Iterable[Path], parallel: bool = False) -> tuple[pd.DataFrame, list[str]]:
+    """One row per finished run (sorted by run id), and a note per problem met on the way.
+
+    parallel: with many runs, read them in other processes (one per CPU). Those may be spawned
+    (see _start_method), so the caller's main module must not do its work on import
+    (`if __name__ == "__main__":`).
+    """
+    results = _read_runs(list(run_dirs), parallel)  # other processes may start reading now …
+    import pandas as pd  # … while this one loads pandas
+
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
-    for run_dir in run_dirs:
-        row, run_notes = read_run(run_dir)
+    for row, run_notes in results:
         notes += run_notes
         if row is not None:
             rows.append(row)
     frame = pd.DataFrame(rows)  # one frame at the end: pandas costs more per call than a run
     return (frame.sort_values("run_id", ignore_index=True) if rows else frame), notes
+
+
+Result = tuple[dict[str, Any] | None, list[str]]  # what read_run returns
+PARALLEL_FROM = 2000  # runs; with fewer, starting other processes costs more than it saves
+CHUNK = 250  # runs per task: few messages, and the processes end close together
+MAX_PROCESSES = 8
+
+
+def _read_runs(run_dirs: list[Path], parallel: bool) -> Iterator[Result]:
+    """read_run of every folder, in order; spread over processes when asked and there are many.
+
+    Most of the time goes into parsing JSON, which holds the GIL: processes, not threads.
+    """
+    many = parallel and len(run_dirs) >= PARALLEL_FROM
+    processes = min(MAX_PROCESSES, _cpus()) if many else 1
+    if processes < 2:
+        return map(read_run, run_dirs)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context(_start_method())
+    pool = ProcessPoolExecutor(processes, mp_context=context)
+    chunks = [run_dirs[i : i + CHUNK] for i in range(0, len(run_dirs), CHUNK)]
+    return _in_order(pool, pool.map(_read_chunk, chunks))  # map submits every chunk at once
+
+
+def _start_method() -> str:
+    """fork, which starts a reader at once, while this process runs a single thread; else spawn.
+
+    A fork copies no other thread, but their locks, held or not: once pandas (numpy) has started
+    its threads, only a fresh interpreter is safe. The command line reads runs before that.
+    """
+    import multiprocessing
+
+    try:
+        threads = len(os.listdir("/proc/self/task"))  # native threads too, not Python's only
+    except OSError:  # no /proc: not Linux, where spawn is the default anyway
+        threads = 0
+    return "fork" if threads == 1 and "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _in_order(pool: Executor, chunks: Iterator[list[Result]]) -> Iterator[Result]:
+    try:
+        for chunk in chunks:
+            yield from chunk
+    finally:  # done, or given up on (an error, ^C): no process left behind, no chunk more read
+        pool.shutdown(cancel_futures=True)
+
+
+def _read_chunk(run_dirs: list[Path]) -> list[Result]:
+    return [read_run(run_dir) for run_dir in run_dirs]
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (a Slurm job or a container may get fewer than exist)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 Records = list[dict[str, Any]]
@@ -222,10 +295,13 @@ def _read_ranks(run_dir: Path) -> tuple[dict[int, Rank], list[str]]:
     for rank, path in runfolder.rank_files(run_dir).items():
         records, problems = runfolder.read_records(path)
         notes += [f"warning: {problem}" for problem in problems]
-        attempts = runfolder.attempts(records)
-        if attempts > 1:  # a requeued job appends a new attempt
-            notes.append(f"note: {path}: {attempts} attempts, reading the last")
-        ranks[rank] = _by_kind(runfolder.current_attempt(records))
+        kinds = _by_kind(records)  # one pass for the common case: one start, the first record
+        starts = kinds.get("start", [])
+        if len(starts) > 1:  # a requeued job appends a new attempt
+            notes.append(f"note: {path}: {len(starts)} attempts, reading the last")
+        if starts and records[0] is not starts[-1]:  # records before the last start: not its own
+            kinds = _by_kind(runfolder.current_attempt(records))
+        ranks[rank] = kinds
     return ranks, notes
 
 
@@ -270,13 +346,15 @@ def _row(run_dir: Path, run_id: str, cfg: Config, ranks: dict[int, Rank]) -> dic
         "torch": start["torch"],
         "runs": 1,
         **_timing(epochs, starts),
-        **{f.column: _record_figure(f, ranks) for f in FIGURES if f.source},
-        "epoch_seconds": [e["seconds"] for e in epochs.values()],  # for the plot: one per epoch
+        **_record_figures(ranks),
+        "epoch_seconds": epochs["seconds"],  # for the plot: one value per epoch
     }
 
 
 _STEP_TIMES = ("step_ms_p50", "step_ms_p90")
-Epochs = dict[float, dict[str, float]]  # epoch number → its samples, seconds and step times
+_SLOWEST = ("seconds", *_STEP_TIMES)  # an epoch lasts as long as on its slowest rank
+_POOLED = ("samples", *_SLOWEST)  # the fields of an epoch record that the figures use
+Epochs = dict[str, list[float]]  # "epoch" (in order) and the _POOLED fields: one value per epoch
 
 
 def _epoch_table(ranks: dict[int, Rank]) -> Epochs:
@@ -285,44 +363,80 @@ def _epoch_table(ranks: dict[int, Rank]) -> Epochs:
     Plain Python rather than a pandas groupby per run, which cost more than reading the run; a
     field that is absent or no number is skipped, as pandas skips NaN.
     """
-    by_epoch: dict[float, Records] = {}
+    return _aligned(ranks) or _by_epoch(ranks)
+
+
+_EPOCH_FIELDS = operator.itemgetter("epoch", *_POOLED)  # KeyError where one is absent
+
+
+def _aligned(ranks: dict[int, Rank]) -> Epochs | None:
+    """The common case, fast: every rank has the same epochs, each once and in order, and every
+    field is a number. None otherwise (then _by_epoch pools record by record)."""
+    try:  # per rank, its columns: the epoch numbers, then the _POOLED fields
+        columns = [
+            list(zip(*map(_EPOCH_FIELDS, kinds.get("epoch", [])), strict=True))
+            for kinds in ranks.values()
+        ]
+    except KeyError:
+        return None
+    if not columns or not all(c and all(map(_numbers_only, c)) for c in columns):
+        return None
+    epochs = columns[0][0]
+    if list(epochs) != sorted(set(epochs)) or any(c[0] != epochs for c in columns):
+        return None
+
+    def pooled(index: int, pool: Callable[[Sequence[float]], float]) -> list[float]:
+        per_epoch = zip(*(c[index] for c in columns), strict=True)  # the field on every rank
+        return list(map(float, map(pool, per_epoch)))  # map: the loop runs in C
+
+    table = {"epoch": list(map(float, epochs)), "samples": pooled(1, math.fsum)}
+    return table | {field: pooled(index, max) for index, field in enumerate(_SLOWEST, start=2)}
+
+
+def _numbers_only(values: Sequence[Any]) -> bool:
+    """Whether every value is a number, none NaN: their sum is a number then, and only then."""
+    try:
+        total = sum(values)
+    except TypeError:  # None, a string …
+        return False
+    return total == total  # NaN is the one value unequal to itself
+
+
+def _by_epoch(ranks: dict[int, Rank]) -> Epochs:
+    """_epoch_table for any records: grouped by epoch number, what is no number skipped."""
+    by_epoch: dict[float, list[list[float]]] = {}  # epoch → per rank, its _POOLED fields
     for kinds in ranks.values():
         for record in kinds.get("epoch", []):
             epoch = _number(record.get("epoch"))
-            if not math.isnan(epoch):  # pandas' groupby drops a missing key
-                by_epoch.setdefault(epoch, []).append(record)
-    return {epoch: _pool_ranks(by_epoch[epoch]) for epoch in sorted(by_epoch)}
-
-
-def _pool_ranks(records: Records) -> dict[str, float]:
-    """One epoch's records of every rank as one: samples summed, times of the slowest rank."""
-    pooled = {"samples": math.fsum(_known(r.get("samples") for r in records))}
-    for column in ("seconds", *_STEP_TIMES):
-        pooled[column] = max(_known(r.get(column) for r in records), default=NOT_MEASURED)
-    return pooled
+            if epoch == epoch:  # pandas' groupby drops a missing key (NaN)
+                by_epoch.setdefault(epoch, []).append([_number(record.get(f)) for f in _POOLED])
+    table: Epochs = {field: [] for field in ("epoch", *_POOLED)}
+    for epoch in sorted(by_epoch):
+        fields = zip(*by_epoch[epoch], strict=True)  # per field, its value on each rank
+        samples, *times = ([v for v in field if v == v] for field in fields)  # NaN skipped
+        table["epoch"].append(epoch)
+        table["samples"].append(math.fsum(samples))
+        for column, values in zip(_SLOWEST, times, strict=True):
+            table[column].append(max(values, default=NOT_MEASURED))
+    return table
 
 
 def _timing(epochs: Epochs, starts: Records) -> dict[str, float]:
-    steady = [e for number, e in epochs.items() if number >= 2]  # epoch 1 pays for warm-up
-    first = next(iter(epochs.values()), None)  # (allocator, kernels, caches)
+    steady = bisect.bisect_left(epochs["epoch"], 2)  # epoch 1 pays for warm-up (allocator,
+    seconds, samples = epochs["seconds"], epochs["samples"]  # kernels, caches): 2..N are steady
     startups = [s["startup_s"] for s in starts if s.get("startup_s") is not None]
     return {
-        "epoch_s": _median(e["seconds"] for e in steady),
-        "first_epoch_s": first["seconds"] if first else NOT_MEASURED,
-        "throughput": _median(_ratio(e["samples"], e["seconds"]) for e in steady),
+        "epoch_s": _median(seconds[steady:]),
+        "first_epoch_s": seconds[0] if seconds else NOT_MEASURED,
+        "throughput": _median(list(map(_ratio, samples[steady:], seconds[steady:]))),
         "startup_s": max(startups) if len(startups) == len(starts) else NOT_MEASURED,
-        **{column: _median(e[column] for e in steady) for column in _STEP_TIMES},
+        **{column: _median(epochs[column][steady:]) for column in _STEP_TIMES},
     }
 
 
 def _number(value: Any) -> float:
-    """A record's field as a float; NaN where it is absent or no number."""
+    """A record's field as a float; NaN (what pandas skips) where it is absent or no number."""
     return float(value) if isinstance(value, int | float) else NOT_MEASURED
-
-
-def _known(values: Iterable[Any]) -> list[float]:
-    """The numbers among the values, NaN and absent ones left out."""
-    return [v for v in map(_number, values) if not math.isnan(v)]
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -334,24 +448,38 @@ def _ratio(numerator: float, denominator: float) -> float:
     return math.nan
 
 
-def _median(values: Iterable[float]) -> float:
+def _median(values: list[float]) -> float:
     """The median of the values measured (NaN skipped, as pandas does); NaN if there is none."""
-    known = sorted(_known(values))
+    known = sorted([v for v in values if v == v])  # NaN is the one value unequal to itself
+    if not known:
+        return NOT_MEASURED
     middle = len(known) // 2
-    if len(known) % 2:
-        return known[middle]
-    return (known[middle - 1] + known[middle]) / 2 if known else NOT_MEASURED
+    return known[middle] if len(known) % 2 else (known[middle - 1] + known[middle]) / 2
 
 
-def _record_figure(figure: Figure, ranks: dict[int, Rank]) -> float:
-    """A figure read from the records: rank 0's value, or the main card's, or the other cards'."""
-    if figure.card is None:
-        values = _field_values(ranks[0], figure)
+def _record_figures(ranks: dict[int, Rank]) -> dict[str, float]:
+    ordered = [ranks[rank] for rank in sorted(ranks)]  # rank 0 first (_missing made sure of it)
+    cards: dict[str, list[float | None]] = {}  # per source: its main card's and other cards' rows
+    figures = {}
+    for figure in _RECORD_FIGURES:
+        if figure.card is None:
+            values = _field_values(ordered[0], figure)
+        elif figure.source in cards:
+            values = cards[figure.source]
+        else:
+            values = cards[figure.source] = [v for k in ordered for v in _field_values(k, figure)]
+        figures[figure.column] = _record_figure(figure, values)
+    return figures
+
+
+def _record_figure(figure: Figure, values: list[float | None]) -> float:
+    """A figure read from the records: rank 0's value, or the main card's, or the other cards'.
+
+    values: rank 0's field, or the field of every card that the job drove, rank by rank.
+    """
+    if figure.card != "other":
         return values[0] * figure.scale if values and values[0] is not None else NOT_MEASURED
-    cards = [v for rank in sorted(ranks) for v in _field_values(ranks[rank], figure)]
-    if figure.card == "main":
-        return cards[0] * figure.scale if cards and cards[0] is not None else NOT_MEASURED
-    others = cards[1:]
+    others = values[1:]
     if not others or None in others:  # a figure from some of the cards only is no figure
         return NOT_MEASURED
     return _CARD_REDUCE[figure.others]([v for v in others if v is not None]) * figure.scale
@@ -359,10 +487,20 @@ def _record_figure(figure: Figure, ranks: dict[int, Rank]) -> float:
 
 def _field_values(kinds: Rank, figure: Figure) -> list[float | None]:
     """The field in a rank's last record of its kind, per driven GPU; [None] where it is absent."""
-    found = kinds.get(figure.kind)
-    name, _, per_card = figure.field.partition(".")  # "gpus.util_pct": a field of each card's entry
+    kind, name, per_card = _SOURCES[figure.column]
+    found = kinds.get(kind)
     value = found[-1].get(name) if found else None
     if per_card:
         value = [card.get(per_card) for card in value] if isinstance(value, list) else None
     values = value if isinstance(value, list) else [value]
     return [float(v) if isinstance(v, int | float) else None for v in values]
+
+
+def _source(figure: Figure) -> tuple[str, str, str]:
+    """The record kind, its field, and the field of each card's entry ("gpus.util_pct") or ""."""
+    name, _, per_card = figure.field.partition(".")
+    return figure.kind, name, per_card
+
+
+_RECORD_FIGURES = tuple(f for f in FIGURES if f.source)
+_SOURCES = {f.column: _source(f) for f in _RECORD_FIGURES}  # split once, read 10,000s of times

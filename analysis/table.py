@@ -11,11 +11,12 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from analysis.load import FIGURES, HARDWARE, LARGEST_BATCH_KEYS, SETTINGS, Figure
+
+if TYPE_CHECKING:  # imported where used: the command line is parsed, and runs are being read
+    import pandas as pd  # by other processes, while this one loads pandas
 
 MODES = {"dp": "DP", "ddp": "DDP"}
 COMPARISON = "ddp_vs_dp"  # the improvement column's key in csv/json
@@ -42,6 +43,8 @@ def group_runs(runs: pd.DataFrame) -> list[Group]:
     Largest-batch runs carry no epochs: each joins the groups whose training runs share its mode,
     model, precision, shape and hardware.
     """
+    import pandas as pd
+
     keys = [*SETTINGS, *HARDWARE]
     train = runs[runs["task"] == "train"].sort_values("run_id")
     largest = runs[runs["task"] == "largest_batch"]
@@ -173,6 +176,8 @@ def _cells(group: Group, figure: Figure) -> dict[str, tuple[float, str, str]]:
 
 def tidy(groups: list[Group]) -> pd.DataFrame:
     """One record per (group, figure, mode or comparison): numbers as numbers, units apart."""
+    import pandas as pd
+
     return pd.DataFrame([record for group in groups for record in _group_records(group)])
 
 

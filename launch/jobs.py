@@ -78,7 +78,9 @@ def cancel(run_dir: Path) -> str:
     if meta.get("backend") == "slurm":
         return _cancel_slurm(run_dir, str(job_id))
     try:
-        os.kill(int(job_id), signal.SIGTERM)  # the local controller forwards it to every task
+        # SIGINT, as submitit's own cancel: the controller stops every task (its tasks ignore
+        # a forwarded SIGTERM, which submitit reserves for preemption).
+        os.kill(int(job_id), signal.SIGINT)
     except ProcessLookupError:
         return f"local job {job_id} had already ended"
     return f"cancelled local job {job_id}"

@@ -6,6 +6,7 @@ import contextlib
 import io
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -125,7 +126,7 @@ def submit(cfg: Config, command: list[str]) -> tuple[Path, submitit.Job[Any]]:
     executor = make_executor(cfg, run_dir, backend)
     try:
         # submitit echoes sbatch's errors to stderr; the error below says them once.
-        with contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.redirect_stderr(io.StringIO()), _detached_output(backend):
             job = executor.submit(run, str(run_dir))
     except (submitit.core.utils.FailedSubmissionError, submitit.core.utils.FailedJobError) as err:
         runfolder.update_meta(run_dir, submit_error=str(err))
@@ -134,6 +135,28 @@ def submit(cfg: Config, command: list[str]) -> tuple[Path, submitit.Job[Any]]:
         ) from None
     _record_job(run_dir, job)
     return run_dir, job
+
+
+@contextlib.contextmanager
+def _detached_output(backend: Backend) -> Iterator[None]:
+    """The local controller inherits stdout/stderr at its start: give it /dev/null, so a caller
+    reading our output through a pipe is not held open until the job ends (tasks log to files)."""
+    if backend != Backend.local:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)
 
 
 def _record_job(run_dir: Path, job: submitit.Job[Any]) -> None:

@@ -16,6 +16,8 @@ import pytest
 from kit import REPO, SMALL, kit, records, run_folder
 from slurm_cluster import SlurmCluster, wait_job
 
+from train.distenv import port_for_job
+
 pytestmark = pytest.mark.slurm
 
 # One CPU thread per task: the test nodes declare 8 CPUs on a 2-core machine.
@@ -77,7 +79,7 @@ def test_ddp_sbatch_script_writes_a_run_folder(slurm_cluster: SlurmCluster, tmp_
         ("slurm", 0, 0, 2),
         ("slurm", 1, 1, 2),
     ]
-    assert {s["master_port"] for s in starts} == {20000 + int(job_id) % 40000}
+    assert {s["master_port"] for s in starts} == {port_for_job(job_id)}
     assert (run_dir / "logs" / "rank-1.out").is_file()
     table = kit("analysis", "summarize", str(run_dir))
     assert table.returncode == 0 and "| runs | 0 | 1 |" in table.stdout
@@ -319,3 +321,21 @@ def test_more_gpus_than_a_node_has_is_refused(slurm_cluster: SlurmCluster, tmp_p
     )
     status = kit("launch", "status", "--root", f"{tmp_path}/runs")
     assert " NOT-SUBMITTED " in status.stdout
+
+
+def test_dry_run_shows_the_script_that_submit_submits(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """Byte for byte, once the run folder's name (chosen at submission) is the same."""
+    args = [*SUBMIT_DDP, *SBATCH_SMALL, *_kit_env(tmp_path), "output.name=diff"]
+    dry = kit(*args, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    planned = dry.stdout.splitlines()[0].rsplit(" ", 1)[1]  # "run folder (…): PATH"
+    script = dry.stdout[dry.stdout.index("#!/bin/bash") :]
+    done = kit(*args)
+    assert done.returncode == 0, done.stderr
+    run_dir = run_folder(done.stdout)
+    job_id = done.stdout.split()[2]
+    submitted = (run_dir / "logs" / f"{job_id}_submission.sh").read_text()
+    assert script.replace(Path(planned).name, run_dir.name) == submitted
+    assert slurm_cluster.wait_job(job_id) == "COMPLETED"

@@ -220,7 +220,7 @@ def from_dict(values: dict[str, Any]) -> Config:
     """A Config from `to_dict`'s output, without OmegaConf: fast, for readers of many runs."""
     try:
         return typing.cast(Config, _build(Config, values))
-    except (TypeError, ValueError, KeyError, AttributeError) as err:  # Attribute: not a mapping
+    except (TypeError, ValueError) as err:  # TypeError: an unknown key, or no mapping
         raise ConfigError(f"stored settings do not match this kit's: {err}") from None
 
 
@@ -238,6 +238,10 @@ def validate(cfg: Config) -> None:
             f"dist.port={cfg.dist.port} is not a usable port: pick one in 1024–65535, or 0 to "
             "derive it from the job id"
         )
+    for key in ("output.root", "data.root"):
+        if not str(_get(cfg, key)).strip():
+            example = "runs" if key == "output.root" else "data"
+            raise ConfigError(f"{key} is empty: name a folder, e.g. {key}={example}")
     if cfg.output.name and not NAME_PATTERN.fullmatch(cfg.output.name):
         raise ConfigError(
             f"output.name={cfg.output.name!r} may hold only {NAME_RULE}: it becomes part of a "
@@ -312,10 +316,10 @@ def _check_range(key: str, value: int, low: int, high: int | None) -> None:
 
 def _check_sbatch_extra(extra: dict[str, str]) -> None:
     for key, value in extra.items():
-        if not _SBATCH_KEY.fullmatch(key) or "\n" in str(value):
+        if not _SBATCH_KEY.fullmatch(key) or "\n" in str(value) or not str(value).strip():
             raise ConfigError(
                 f"cluster.sbatch_extra has {key}={value!r}: keys are sbatch option names without "
-                "dashes (e.g. mail-type) and values one line, e.g. 'cluster.sbatch_extra={mail-type: END}'"
+                "dashes (e.g. mail-type) and values one non-empty line, e.g. 'cluster.sbatch_extra={mail-type: END}'"
             )
 
 
@@ -349,23 +353,24 @@ def _plain(value: Any) -> Any:
 def _build(schema: type, values: dict[str, Any]) -> Any:
     """Rebuild a dataclass, the ones nested in it and its enums from plain values.
 
-    An unknown key raises KeyError, a missing one takes its default, a bad choice ValueError.
+    An unknown key raises TypeError, a missing one takes its default, a bad choice ValueError.
     """
-    make = _builders(schema)
-    return schema(**{k: v if (f := make[k]) is None else f(v) for k, v in values.items()})
+    fields = dict(values)
+    for name, make in _builders(schema).items():
+        if name in fields:
+            fields[name] = make(fields[name])
+    return schema(**fields)
 
 
 @functools.cache  # once per class: type hints cost far more than building a Config
-def _builders(schema: type) -> dict[str, Callable[[Any], Any] | None]:
-    """Per field of a dataclass, what rebuilds its value from a plain one (None: it is plain)."""
-    builders: dict[str, Callable[[Any], Any] | None] = {}
+def _builders(schema: type) -> dict[str, Callable[[Any], Any]]:
+    """The fields of a dataclass that are no plain value, and what rebuilds each from one."""
+    builders: dict[str, Callable[[Any], Any]] = {}
     for name, hint in typing.get_type_hints(schema).items():
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             builders[name] = functools.partial(_build, hint)
         elif isinstance(hint, type) and issubclass(hint, Enum):
             builders[name] = hint
-        else:
-            builders[name] = None
     return builders
 
 
@@ -394,13 +399,16 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
                 f"override {item!r} is not of the form key=value, e.g. train.epochs=3"
             )
         items.append(item if value else f"{key}=''")  # `key=` means the empty string
-    try:
-        return OmegaConf.from_dotlist(items)
-    except Exception as err:  # YAML scanner errors (a value starting with @, `, %, *, !, [ …)
-        raise ConfigError(
-            f"cannot read the overrides {' '.join(overrides)}: {_first_line(err)}. Quote a value "
-            "that starts with a special character, e.g. 'output.name=\"x\"' (then check it)"
-        ) from None
+    for item in items:
+        try:
+            OmegaConf.from_dotlist([item])
+        except Exception as err:  # YAML scanner errors (a value starting with @, `, %, *, !, [ …)
+            key, _, value = item.partition("=")
+            raise ConfigError(
+                f"cannot read the value of {item!r} ({_first_line(err)}): a value starting with a "
+                f"special character needs quotes inside the argument, e.g. '{key}=\"{value}\"'"
+            ) from None
+    return OmegaConf.from_dotlist(items)
 
 
 def _yaml_problem(err: Exception) -> str:
@@ -426,6 +434,11 @@ def _check_keys(node: Any, schema: type, prefix: str) -> None:
             raise ConfigError(_unknown_key_message(f"{prefix}{key}", str(key), sorted(fields)))
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                raise ConfigError(
+                    f"{prefix}{key}={value!r} is a group of settings, not a value: set one of its "
+                    f"keys, e.g. {prefix}{key}.{dataclasses.fields(typing.cast(type, hint))[0].name}=…"
+                )
             _check_keys(value, typing.cast(type, hint), f"{prefix}{key}.")
         elif typing.get_origin(hint) in (dict, list) and not isinstance(
             value, typing.get_origin(hint)

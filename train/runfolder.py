@@ -143,8 +143,7 @@ def _remove_tree(path: Path) -> None:
 def read_meta(run_dir: Path) -> dict[str, Any]:
     path = run_dir / META
     try:  # read first, ask why only when that fails: one system call less per run
-        with open(path, "rb") as f:
-            meta = json.loads(f.read())
+        meta = json.loads(_read_bytes(path))
     except (OSError, ValueError) as err:
         if not path.is_file():
             raise RunFolderError(
@@ -195,7 +194,7 @@ def find_runs(root: Path) -> list[Path]:
     """Every run folder in or under root (a folder holding run.json), by name; never inside one."""
     if _holds_meta(os.fspath(root)):
         return [Path(root)]
-    found: list[Path] = []
+    found: list[tuple[str, str]] = []  # (name, path): sorted as strings, made Paths once
     folders = [os.fspath(root)]
     while folders:  # one stat per run folder, rather than listing what it holds (os.walk)
         try:
@@ -207,10 +206,10 @@ def find_runs(root: Path) -> list[Path]:
             if entry.name.startswith(".") or entry.is_symlink() or not entry.is_dir():
                 continue
             if _holds_meta(entry.path):
-                found.append(Path(entry.path))  # a run folder holds no other run folder
+                found.append((entry.name, entry.path))  # a run folder holds no other run folder
             else:
                 folders.append(entry.path)
-    return sorted(found, key=lambda p: (p.name, str(p)))
+    return [Path(path) for _, path in sorted(found)]
 
 
 def _holds_meta(folder: str) -> bool:
@@ -232,7 +231,7 @@ def metrics_path(run_dir: Path, rank: int) -> Path:
 def rank_files(run_dir: Path) -> dict[int, Path]:
     """Each rank's records file, by rank."""
     try:
-        entries = list(os.scandir(run_dir / METRICS))
+        entries = list(os.scandir(os.path.join(run_dir, METRICS)))
     except (FileNotFoundError, NotADirectoryError):  # no records yet
         return {}
     files = {}
@@ -261,7 +260,7 @@ class RecordWriter:
 
 def read_records(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """Every whole record of one file, and a warning per line that could not be used."""
-    text = path.read_text()
+    text = _read_bytes(path).decode()
     try:  # one parse for the whole file: the common case, and the fast one
         parsed = json.loads("[" + ",".join(text.splitlines()) + "]")
         if all(isinstance(r, dict) and r.get("schema") == SCHEMA and "kind" in r for r in parsed):
@@ -387,6 +386,19 @@ def shell_assignments(run_dir: Path) -> str:
 
     values = {"run_dir": str(run_dir), "rank_log": sbatch_log_pattern(run_dir)}
     return "".join(f"{name}={shlex.quote(value)}\n" for name, value in values.items())
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, through the bare system calls: half the cost of open().read() (which
+    readers of thousands of runs pay for every file)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = [os.read(fd, 1 << 16)]  # a run's files are a few kB: one read, as a rule
+        while len(chunks[-1]) == 1 << 16:
+            chunks.append(os.read(fd, 1 << 16))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -1,0 +1,353 @@
+"""A catalogue of bad input, each case run as a user would: one line `error: …` naming the setting
+or the fix, exit code 2, no traceback, and nothing made on disk."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from kit import kit
+
+from train import runfolder
+from train.config import load_config
+from train.data import _write_idx, synthetic_digits
+
+NO_CUDA = not torch.cuda.is_available()
+EVERY_COMMAND = (("submit",), ("submit", "--dry-run"), ("config",))
+SUBMIT_ONLY = (("submit",), ("submit", "--dry-run"))  # `config` checks neither hardware nor disk
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    args: tuple[str, ...]  # after the defaults below; "{tmp}" is the test's folder
+    fragments: tuple[str, ...]  # each must appear in the error line
+    commands: tuple[tuple[str, ...], ...] = EVERY_COMMAND
+    mode: tuple[str, ...] = ("--mode", "ddp")
+    skip: str = ""  # a reason to skip the case here
+
+
+QUOTE_FIX = "needs quotes inside the argument"
+NAME_FIX = ("may hold only letters, digits", "e.g. output.name=lr-0.1")
+UNWRITABLE = ("not writable by this user", "pick a folder you can write")
+SHELL_CHAR = (
+    "holds a character that Slurm's log patterns or the shell would rewrite",
+    "a space, %",
+)
+
+CASES = [
+    Case("lr=-1", ("train.lr=-1",), ("train.lr=-1.0 must be a positive number", "train.lr=0.01")),
+    Case("lr=0", ("train.lr=0",), ("train.lr=0.0 must be a positive number", "train.lr=0.01")),
+    Case("momentum=-5", ("train.momentum=-5",), ("train.momentum=-5.0 must be in [0, 1)", "0.9")),
+    Case("momentum=1", ("train.momentum=1",), ("train.momentum=1.0 must be in [0, 1)", "0.9")),
+    Case("workers=-1", ("data.num_workers=-1",), ("data.num_workers=-1 must be between 0 and 64",)),
+    Case("seed=-1", ("train.seed=-1",), ("train.seed=-1 must be between 0 and 4294967295",)),
+    Case("port=99999", ("dist.port=99999",), ("dist.port=99999", "pick one in 1024–65535, or 0")),
+    Case("port=80", ("dist.port=80",), ("dist.port=80", "pick one in 1024–65535, or 0")),
+    Case("timeout_s=0", ("dist.timeout_s=0",), ("dist.timeout_s=0 must be at least 1",)),
+    Case("mem_gb=-4", ("cluster.mem_gb=-4",), ("cluster.mem_gb=-4 must be at least 0",)),
+    Case(
+        "signal_delay=-1",
+        ("cluster.signal_delay_s=-1",),
+        ("cluster.signal_delay_s=-1 must be at least 0",),
+    ),
+    Case("name=a/b", ("output.name=a/b",), ("output.name='a/b'", *NAME_FIX)),
+    Case("name=50%", ("output.name=50%",), ("output.name='50%'", *NAME_FIX)),
+    Case(
+        "name=.hidden",
+        ("output.name=.hidden",),
+        ("output.name='.hidden'", "starting with a letter or digit", *NAME_FIX),
+    ),
+    *[
+        Case(f"name={value}", (f"output.name={value}",), (f"output.name={value}", QUOTE_FIX))
+        for value in ("`x", "@x", "%x", "*x", "!x", "[a")
+    ],
+    Case(
+        "sbatch_extra=list",
+        ("cluster.sbatch_extra=[1,2]",),
+        ("cluster.sbatch_extra=[1, 2] must be a mapping", "{mail-type: END}"),
+    ),
+    Case("setup=3", ("cluster.setup=3",), ("cluster.setup=3 must be a list",)),
+    Case("mode=xx", ("mode=xx",), ("mode='xx' is not valid; choose one of: dp, ddp",), mode=()),
+    Case("--mode xx", (), ("argument --mode: invalid choice: 'xx'",), mode=("--mode", "xx")),
+    Case(
+        "dp on 2 nodes",
+        ("--nodes", "2"),
+        ("cluster.nodes=2", "use --mode ddp for several nodes, or --nodes 1"),
+        mode=("--mode", "dp"),
+    ),
+    Case(
+        "local on 2 nodes",
+        ("--nodes", "2"),
+        ("the local backend runs on one machine", "cluster.backend=slurm (or --nodes 1)"),
+    ),
+    Case(
+        "fp16 on CPU",
+        ("train.precision=fp16",),
+        ("train.precision=fp16 needs CUDA", "use train.precision=bf16"),
+        SUBMIT_ONLY,
+        skip="" if NO_CUDA else "this machine has CUDA",
+    ),
+    Case(
+        "nccl on CPU",
+        ("dist.backend=nccl",),
+        ("dist.backend=nccl needs CUDA", "use dist.backend=gloo"),
+        SUBMIT_ONLY,
+        skip="" if NO_CUDA else "this machine has CUDA",
+    ),
+    Case(
+        "batch 513 over 4 ranks",
+        ("train.global_batch_size=513",),
+        ("over 4 rank(s)", "use a multiple of 4, e.g. train.global_batch_size=512"),
+    ),
+    Case(
+        "unknown key",
+        ("train.epoch=3",),
+        ("unknown setting 'train.epoch'", "Did you mean 'epochs'?"),
+    ),
+    Case("wrong type", ("train.epochs=abc",), ("'train.epochs' has the wrong type", "'abc'")),
+    Case(
+        "root is a file",
+        ("output.root={tmp}/file",),
+        ("is a file", "Point output.root at a folder"),
+        SUBMIT_ONLY,
+    ),
+    Case(
+        "root under a file",
+        ("output.root={tmp}/file/sub",),
+        ("/file is a file", "Point output.root at a folder"),
+        SUBMIT_ONLY,
+    ),
+    Case(
+        "root in a read-only folder",
+        ("output.root={tmp}/locked/runs",),
+        ("/locked is not writable", *UNWRITABLE),
+        SUBMIT_ONLY,
+        skip="root ignores the folder's permissions" if os.geteuid() == 0 else "",
+    ),
+    Case(  # fails for root too: os.access says yes, mkdir says no
+        "root under /proc",
+        ("output.root=/proc/kit-test-runs",),
+        ("output.root=/proc/kit-test-runs", *UNWRITABLE),
+        SUBMIT_ONLY,
+    ),
+    Case("root with a space", ("output.root={tmp}/my runs",), SHELL_CHAR, SUBMIT_ONLY),
+    Case("root with a %", ("output.root={tmp}/runs%j",), SHELL_CHAR, SUBMIT_ONLY),
+    Case("missing config", ("--config", "{tmp}/missing.yaml"), ("missing.yaml does not exist",)),
+    Case(
+        "invalid YAML",
+        ("--config", "{tmp}/broken.yaml"),
+        ("broken.yaml is not valid YAML", "at line 2, column 1"),
+    ),
+    Case(
+        "YAML list",
+        ("--config", "{tmp}/list.yaml"),
+        ("list.yaml must hold a mapping of settings, not a list",),
+    ),
+]
+
+
+def _listing(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The exit code and shape every user error shares; returns the message."""
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def tmp(tmp_path: Path) -> Iterator[Path]:
+    """A folder holding what the cases point at: a file, a read-only folder, bad configs."""
+    (tmp_path / "file").write_text("not a folder\n")
+    (tmp_path / "broken.yaml").write_text("train: [epochs: 3\n")
+    (tmp_path / "list.yaml").write_text("- train.epochs=3\n- train.lr=0.1\n")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    yield tmp_path
+    locked.chmod(0o700)
+
+
+def _params() -> list[object]:
+    return [
+        pytest.param(
+            case,
+            command,
+            id=f"{case.id}-{'-'.join(command)}",
+            marks=[pytest.mark.skip(reason=case.skip)] if case.skip else [],
+        )
+        for case in CASES
+        for command in case.commands
+    ]
+
+
+@pytest.mark.parametrize(("case", "command"), _params())
+def test_bad_input_is_one_line_that_names_the_fix(
+    tmp: Path, case: Case, command: tuple[str, ...]
+) -> None:
+    before = _listing(tmp)
+    done = kit(
+        "launch",
+        *command,
+        *case.mode,
+        "cluster.backend=local",
+        f"output.root={tmp}/runs",
+        f"data.root={tmp}/data",
+        *(arg.replace("{tmp}", str(tmp)) for arg in case.args),
+    )
+    message = _one_error_line(done)
+    for fragment in case.fragments:
+        assert fragment in message
+    assert done.stdout == ""  # no "submitted job", no run folder announced
+    assert _listing(tmp) == before  # output.root, data.root: nothing made
+    assert not Path("/proc/kit-test-runs").exists()
+
+
+def test_empty_output_name_means_the_default(tmp_path: Path) -> None:
+    done = kit(
+        "launch",
+        "submit",
+        "--mode",
+        "ddp",
+        "cluster.backend=local",
+        f"output.root={tmp_path}/runs",
+        f"data.root={tmp_path}/data",
+        "output.name=",
+        "--dry-run",
+    )
+    assert done.returncode == 0, done.stderr
+    folder = done.stdout.splitlines()[0].rsplit("/", 1)[1]
+    assert folder.split("-")[2:4] == ["ddp", "1n4g"] and len(folder.split("-")) == 5, folder
+    assert _listing(tmp_path) == []
+
+
+# --- run folders that status cannot read ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "fragments"),
+    [
+        ("[1, 2]\n", ("run.json is not a run record of this kit",)),
+        (
+            '{"schema": 99, "run_id": "x"}\n',
+            ("run.json has schema 99, newer than this kit's 1", "pip install -U"),
+        ),
+        ("{not json\n", ("run.json cannot be read", "the run folder is damaged")),
+        (None, ("is not a run folder (no run.json)",)),
+    ],
+    ids=["list", "schema-99", "not-json", "no-run-json"],
+)
+def test_status_of_one_unreadable_folder_is_an_error(
+    tmp_path: Path, content: str | None, fragments: tuple[str, ...]
+) -> None:
+    folder = tmp_path / "runs" / "20260101-000000-ddp-1n4g-beef"
+    folder.mkdir(parents=True)
+    if content is not None:
+        (folder / "run.json").write_text(content)
+    before = _listing(tmp_path)
+    message = _one_error_line(kit("launch", "status", str(folder)))
+    assert all(fragment in message for fragment in fragments), message
+    assert _listing(tmp_path) == before
+
+
+def test_status_shows_the_good_run_next_to_a_bad_one(tmp_path: Path) -> None:
+    cfg = load_config(overrides=[f"output.root={tmp_path}/runs", "cluster.backend=local"])
+    good = runfolder.create(cfg, launcher="launch", backend="local", command=["test"])
+    runfolder.RecordWriter(good, 0).write("summary", total_seconds=61)
+    bad = tmp_path / "runs" / "zz-damaged"
+    bad.mkdir()
+    (bad / "run.json").write_text("[1, 2]\n")
+    done = kit("launch", "status", "--root", f"{tmp_path}/runs")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert rows[0][:5] == ["RUN", "MODE", "BACKEND", "JOB", "STATE"]
+    assert [good.name, "ddp", "local", "-", "COMPLETED", "-", "00:01:01", "-"] in rows
+    assert [row[:5] for row in rows if row[0] == bad.name] == [
+        [bad.name, "-", "-", "-", "UNREADABLE"]
+    ]
+    (warning,) = done.stderr.splitlines()
+    assert warning.startswith("warning: ") and f"{bad}/run.json is not a run record" in warning
+
+
+def test_status_of_an_empty_root_says_how_to_submit(tmp_path: Path) -> None:
+    message = _one_error_line(kit("launch", "status", "--root", str(tmp_path)))
+    assert f"no runs under {tmp_path}" in message and "python -m launch submit" in message
+
+
+# --- data ----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_fetch_mnist_without_internet_fails_fast_and_leaves_nothing(tmp_path: Path) -> None:
+    done = kit("train", "fetch-mnist", "--root", f"{tmp_path}/data", timeout=120)
+    if done.returncode == 0:
+        pytest.skip("this machine reaches the MNIST mirrors")
+    message = _one_error_line(done)
+    assert "could not download MNIST" in message
+    assert f"fetch-mnist --root {tmp_path}/data` on a machine with internet" in message
+    assert _listing(tmp_path) == []
+
+
+def _mnist_files(root: Path, short_labels: bool = False, bad_label: int | None = None) -> None:
+    """MNIST-format IDX files of synthetic digits, damaged as asked."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 20), ("test", 10)):
+        images, labels = synthetic_digits(count, rng)
+        if short_labels and split == "test":
+            labels = labels[:-1]
+        if bad_label is not None and split == "train":
+            labels[3] = bad_label
+        _write_idx(root / "MNIST" / "raw", split, images, labels)
+
+
+@pytest.mark.parametrize(
+    ("short_labels", "bad_label", "fragments"),
+    [
+        (
+            True,
+            None,
+            (
+                "the test split has 10 images (t10k-images-idx3-ubyte) but 9 labels "
+                "(t10k-labels-idx1-ubyte)",
+                "fetch-mnist --root",
+            ),
+        ),
+        (
+            False,
+            10,
+            ("train-labels-idx1-ubyte holds label 10; digits are 0–9", "fetch-mnist --root"),
+        ),
+    ],
+    ids=["counts-differ", "label-10"],
+)
+def test_prepare_data_names_the_damaged_file(
+    tmp_path: Path, short_labels: bool, bad_label: int | None, fragments: tuple[str, ...]
+) -> None:
+    root = tmp_path / "mnist"
+    _mnist_files(root, short_labels, bad_label)
+    before = _listing(tmp_path)
+    message = _one_error_line(
+        kit("train", "prepare-data", "data.dataset=mnist", f"data.root={root}")
+    )
+    assert all(fragment in message for fragment in fragments), message
+    assert str(root / "MNIST" / "raw") in message
+    assert _listing(tmp_path) == before
+
+
+def test_sound_mnist_files_pass_the_check(tmp_path: Path) -> None:
+    """The control for the two above: the same files, undamaged, are accepted."""
+    _mnist_files(tmp_path)
+    done = kit("train", "prepare-data", "data.dataset=mnist", f"data.root={tmp_path}")
+    assert done.returncode == 0, done.stderr
+    assert "MNIST is in place" in done.stdout

@@ -1,0 +1,111 @@
+"""`python -m analysis summarize` over many runs: fast, output sized by groups, never torch.
+
+The runs are copies of one real DP and one real DDP run, made by the benchmark script's own
+helper (docs/benchmarks/summarize_speed.py), so this test and the published figures measure the
+same thing. The time bound is generous: a CI box is noisy, and the point is to catch a slowdown
+of several times (a DataFrame per run, say), not to benchmark.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pandas as pd
+import pytest
+from kit import REPO, SMALL, kit, run_folder
+
+from analysis import load
+
+
+def _benchmark_script() -> ModuleType:
+    path = REPO / "docs" / "benchmarks" / "summarize_speed.py"
+    spec = importlib.util.spec_from_file_location("summarize_speed", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+speed = _benchmark_script()
+
+
+def _submit(tmp: Path, mode: str) -> Path:
+    where = [f"output.root={tmp}/runs", f"data.root={tmp}/data", "cluster.backend=local"]
+    done = kit(
+        "launch", "submit", "--mode", mode, *SMALL, "cluster.gpus_per_node=2", *where, "--wait"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return run_folder(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """A finished DP run and a finished DDP run of the same settings: one group."""
+    tmp = tmp_path_factory.mktemp("sources")
+    return [_submit(tmp, "dp"), _submit(tmp, "ddp")]
+
+
+def _summarize(root: Path) -> str:
+    done = kit("analysis", "summarize", str(root))
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_copies_are_runs_of_their_own(sources: list[Path], tmp_path: Path) -> None:
+    copies = speed.copy_runs(sources, 4, tmp_path / "runs")
+    assert len({copy.name for copy in copies}) == 4
+    for copy, source in zip(copies, sources * 2, strict=True):
+        assert json.loads((copy / "run.json").read_text())["run_id"] == copy.name
+        assert copy.name.split("-")[2:4] == source.name.split("-")[2:4]  # mode, shape
+        assert not (copy / "checkpoints").exists()
+
+
+def test_a_thousand_runs_summarize_in_seconds(sources: list[Path], tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    speed.copy_runs(sources, 1000, root)
+    _summarize(root)  # warm-up: bytecode and file cache, as a user's second call finds them
+    began = time.perf_counter()
+    out = _summarize(root)
+    seconds = time.perf_counter() - began
+    assert "Runs used: DP: 500 runs, " in out and "DDP: 500 runs, " in out
+    assert seconds <= 5, f"summarize of 1,000 runs took {seconds:.1f} s"
+
+
+def test_output_grows_with_groups_not_runs(sources: list[Path], tmp_path: Path) -> None:
+    few, many = tmp_path / "few", tmp_path / "many"
+    speed.copy_runs(sources, 50, few)
+    speed.copy_runs(sources, 500, many)
+    # "25 runs" against "250 runs" on the runs line and in the runs row, for DP and DDP
+    assert abs(len(_summarize(few)) - len(_summarize(many))) <= 8
+
+
+def test_many_runs_read_in_other_processes_read_as_in_this_one(
+    sources: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = speed.copy_runs(sources, 40, tmp_path / "runs")
+    alone, alone_notes = load.load_runs(runs)
+    monkeypatch.setattr(load, "PARALLEL_FROM", 1)
+    monkeypatch.setattr(load, "CHUNK", 7)  # several chunks per process, the last one short
+    monkeypatch.setattr(load, "_cpus", lambda: 2)
+    spread, spread_notes = load.load_runs(runs, parallel=True)
+    pd.testing.assert_frame_equal(alone, spread)
+    assert alone_notes == spread_notes
+
+
+def test_summarize_imports_neither_torch_nor_omegaconf(sources: list[Path]) -> None:
+    done = kit(  # as `python -X importtime -m analysis summarize …`
+        "analysis", "summarize", str(sources[0].parent), env={"PYTHONPROFILEIMPORTTIME": "1"}
+    )
+    assert done.returncode == 0, done.stderr
+    modules = {
+        line.rpartition("|")[2].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "pandas" in modules  # the check does see the imports
+    heavy = sorted(m for m in modules if m.split(".")[0] in ("torch", "omegaconf"))
+    assert not heavy, f"summarize imported {heavy[:5]}"

@@ -1,0 +1,312 @@
+"""Behaviour of the pieces: the batch search, --grid, sacct parsing, and local jobs' lifecycle."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from kit import REPO, SMALL, kit, records, run_folder
+
+from launch.cli import grid
+from launch.jobs import parse_sacct
+from train import maxbatch
+from train.config import ConfigError
+from train.maxbatch import CEILING, TOLERANCE, search
+
+# --- maxbatch.search -----------------------------------------------------------------------
+
+
+class Limit:
+    """A fits() that holds up to `limit` and records every call."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.calls: list[int] = []
+
+    def __call__(self, batch: int) -> bool:
+        self.calls.append(batch)
+        return batch <= self.limit
+
+
+@pytest.mark.parametrize(
+    ("limit", "start", "unit"),
+    [
+        (3000, 128, 4),
+        (3000, 4096, 4),  # the first trial already fails: bisect down from it
+        (3000, 1001, 8),  # start not a multiple of unit
+        (777_777, 64, 8),
+        (1023, 1, 1),
+        (9, 3, 3),
+        (5000, 5000, 4),
+    ],
+)
+def test_search_finds_a_fitting_multiple_within_tolerance(
+    limit: int, start: int, unit: int
+) -> None:
+    fits = Limit(limit)
+    found, trials = search(fits, start=start, unit=unit)
+    best = limit // unit * unit  # the true answer
+    assert found is not None and found % unit == 0 and found <= limit
+    assert found >= best * (1 - TOLERANCE) or best - found <= unit
+    assert trials == [{"global_batch": b, "fits": b <= limit} for b in fits.calls]
+    assert all(t["global_batch"] % unit == 0 and t["global_batch"] > 0 for t in trials)
+    assert found == max(t["global_batch"] for t in trials if t["fits"])
+
+
+def test_search_records_every_trial_in_order() -> None:
+    fits = Limit(3000)
+    found, trials = search(fits, start=128, unit=4)
+    assert [t["global_batch"] for t in trials][:6] == [128, 256, 512, 1024, 2048, 4096]
+    assert [t["fits"] for t in trials][:6] == [True] * 5 + [False]
+    assert len({t["global_batch"] for t in trials}) == len(trials)  # no size tried twice
+    assert found is not None and abs(3000 - found) / 3000 <= TOLERANCE
+
+
+@pytest.mark.parametrize(("start", "unit"), [(128, 4), (1, 8), (7, 8)])
+def test_search_returns_none_when_nothing_fits(start: int, unit: int) -> None:
+    fits = Limit(unit - 1)
+    found, trials = search(fits, start=start, unit=unit)
+    assert found is None
+    assert trials and not any(t["fits"] for t in trials)
+    assert min(t["global_batch"] for t in trials) == unit  # the smallest size was tried
+
+
+def test_search_stops_at_the_ceiling() -> None:
+    fits = Limit(float("inf"))
+    found, trials = search(fits, start=1000, unit=4)
+    tried = [t["global_batch"] for t in trials]
+    assert all(t["fits"] for t in trials)
+    assert max(tried) <= CEILING < max(tried) * 2
+    assert found == max(tried) == 1000 * 2 ** (len(tried) - 1)
+
+
+def test_search_ceiling_is_the_module_constant(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(maxbatch, "CEILING", 1000)
+    found, trials = search(Limit(float("inf")), start=100, unit=10)
+    assert found == 800 and [t["global_batch"] for t in trials] == [100, 200, 400, 800]
+
+
+def test_search_start_below_unit_starts_at_unit() -> None:
+    fits = Limit(100)
+    search(fits, start=3, unit=8)
+    assert fits.calls[0] == 8
+
+
+# --- launch.cli.grid -----------------------------------------------------------------------
+
+
+def test_grid_is_the_product_in_order() -> None:
+    assert grid(["a=1,2", "b=x,y,z"]) == [
+        ("a=1", "b=x"),
+        ("a=1", "b=y"),
+        ("a=1", "b=z"),
+        ("a=2", "b=x"),
+        ("a=2", "b=y"),
+        ("a=2", "b=z"),
+    ]
+    assert grid(["train.epochs=3"]) == [("train.epochs=3",)]
+    assert grid([]) == [()]  # no --grid: one run with the plain config
+
+
+@pytest.mark.parametrize("item", ["a", "a=", "=1,2", "a=1,,2", "a=1,", "a=,1"])
+def test_grid_refuses_a_bad_item(item: str) -> None:
+    with pytest.raises(ConfigError, match=r"is not of the form key=v1,v2, e\.g\. "):
+        grid(["b=1", item])
+
+
+# --- launch.jobs.parse_sacct ---------------------------------------------------------------
+
+SACCT = """\
+JobID|State|Elapsed|NodeList
+41|COMPLETED|00:01:02|node[1-2]
+42|CANCELLED by 0|00:00:05|node1
+43_3|RUNNING|00:00:10|node2
+44|PENDING|00:00:00|None assigned
+"""
+
+
+def test_parse_sacct_keys_rows_by_job_id() -> None:
+    rows = parse_sacct(SACCT)
+    assert list(rows) == ["41", "42", "43_3", "44"]
+    assert rows["41"] == {
+        "JobID": "41",
+        "State": "COMPLETED",
+        "Elapsed": "00:01:02",
+        "NodeList": "node[1-2]",
+    }
+    assert rows["42"]["State"] == "CANCELLED by 0"
+    assert rows["43_3"]["State"] == "RUNNING"  # an array element keeps its full id
+
+
+def test_parse_sacct_goes_by_the_header() -> None:
+    text = "NodeList|Elapsed|JobID|State\nnode1|00:00:07|7|FAILED\n|00:00:00|8|PENDING\n"
+    rows = parse_sacct(text)
+    assert rows["7"] == {
+        "JobID": "7",
+        "State": "FAILED",
+        "Elapsed": "00:00:07",
+        "NodeList": "node1",
+    }
+    assert rows["8"]["NodeList"] == "" and rows["8"]["State"] == "PENDING"
+
+
+@pytest.mark.parametrize("text", ["", "\n", "JobID|State|Elapsed|NodeList\n"])
+def test_parse_sacct_of_nothing_is_empty(text: str) -> None:
+    assert parse_sacct(text) == {}
+
+
+# --- local jobs: status, cancel, sweeps ----------------------------------------------------
+
+LOCAL = ["cluster.backend=local", "cluster.gpus_per_node=2"]
+SMALL_NO_EPOCHS = [s for s in SMALL if not s.startswith("train.epochs=")]
+
+
+def _wait_for(what: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if what():
+            return True
+        time.sleep(0.5)
+    return what()
+
+
+def _state(run_dir: Path) -> str:
+    done = kit("launch", "status", str(run_dir))
+    assert done.returncode == 0, done.stderr
+    header, row = (line.split() for line in done.stdout.splitlines())
+    return row[header.index("STATE")]
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent to reap it is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _children(pid: int) -> list[int]:
+    with contextlib.suppress(OSError):
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return []
+
+
+def _stop(pids: list[int]) -> None:
+    """Leave no process of the test's job behind, whatever the test found."""
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        for pid in pids:
+            if _alive(pid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+        if _wait_for(lambda: not any(_alive(p) for p in pids), 10):
+            return
+
+
+def _submit_without_pipes(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`launch submit` without --wait, its output in a file: submitit's local controller inherits
+    the submitting process's stdout and stderr, so through kit()'s pipes the call would last as
+    long as the job."""
+    log = tmp / "submit.log"
+    with log.open("w") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "launch", "submit", *args],
+            cwd=REPO,
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(REPO), os.environ.get("PYTHONPATH")])
+                ),
+            },
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=120,
+        )
+    return subprocess.CompletedProcess(done.args, done.returncode, log.read_text(), "")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_local_cancel_ends_a_running_job(tmp_path: Path) -> None:
+    done = _submit_without_pipes(
+        tmp_path,
+        "--mode",
+        "ddp",
+        *LOCAL,
+        "train.epochs=50",
+        "data.train_size=4096",
+        "data.test_size=256",
+        f"output.root={tmp_path}/runs",
+        f"data.root={tmp_path}/data",
+    )
+    assert done.returncode == 0, done.stdout
+    run_dir = run_folder(done.stdout)
+    pid = int(json.loads((run_dir / "run.json").read_text())["job_id"])
+    tasks: list[int] = []
+    try:
+        assert _state(run_dir) == "RUNNING"
+        started = run_dir / "metrics" / "rank-00001.jsonl"
+        assert _wait_for(started.is_file, 60), "the tasks never started"
+        tasks = _children(pid)
+        assert len(tasks) == 2  # one per rank
+
+        cancelled = kit("launch", "cancel", str(run_dir))
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert cancelled.stdout.strip() == f"cancelled local job {pid}"
+
+        assert _wait_for(lambda: _state(run_dir) == "ENDED-WITHOUT-SUMMARY", 20)
+        assert not _alive(pid) and not any(_alive(t) for t in tasks)
+        assert "summary" not in [r["kind"] for r in records(run_dir)]
+    finally:
+        _stop([pid, *tasks])
+
+
+def _sweep(tmp: Path, *args: str) -> list[Path]:
+    done = kit(
+        "launch",
+        "sweep",
+        "--modes",
+        "ddp",
+        *args,
+        *LOCAL,
+        *SMALL_NO_EPOCHS,
+        f"output.root={tmp}/runs",
+        f"data.root={tmp}/data",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("submitted job ")]
+    return [Path(line.split("run folder: ", 1)[1]) for line in lines]
+
+
+def _times(run_dir: Path) -> tuple[float, float]:
+    """(first start, summary) of rank 0, from its records."""
+    recs = records(run_dir)
+    start = next(r["time"] for r in recs if r["kind"] == "start")
+    summary = next(r["time"] for r in recs if r["kind"] == "summary")
+    return start, summary
+
+
+def test_local_sweep_runs_one_after_another(tmp_path: Path) -> None:
+    first, second = _sweep(tmp_path, "--grid", "train.epochs=1,2")
+    assert "epochs: 1" in (first / "config.yaml").read_text()  # the grid's order
+    assert "epochs: 2" in (second / "config.yaml").read_text()
+    (_, first_done), (second_start, _) = _times(first), _times(second)
+    assert second_start > first_done
+
+
+def test_local_sweep_parallel_lets_runs_overlap(tmp_path: Path) -> None:
+    first, second = _sweep(tmp_path, "--grid", "train.epochs=4,1", "--parallel", "2")
+    (first_start, first_done), (second_start, second_done) = _times(first), _times(second)
+    # Loose on purpose: the second run was submitted before the first finished (run.json's
+    # creation time has whole seconds), and both completed.
+    created = json.loads((second / "run.json").read_text())["created"]
+    assert datetime.fromisoformat(created).timestamp() < first_done
+    assert first_start < first_done and second_start < second_done
