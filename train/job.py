@@ -60,10 +60,17 @@ class Context:
 
 def run(run_dir: str) -> dict[str, Any]:
     """Entry point submitted by `launch submit` (and called by `python -m train run`)."""
+    cfg, env, started = _prologue(run_dir)
+    return _run(cfg, env, Path(run_dir), started)
+
+
+def _prologue(run_dir: str) -> tuple[Config, distenv.DistEnv, float]:
+    """What every entry point does first: note the start, log live, read the config and the
+    process's place in the job."""
     started = process_start_time()
     _log_to_stderr()
     cfg = runfolder.load_job_config(Path(run_dir))
-    return _run(cfg, distenv.detect(port=cfg.dist.port), Path(run_dir), started)
+    return cfg, distenv.detect(port=cfg.dist.port), started
 
 
 def _log_to_stderr() -> None:
@@ -78,10 +85,7 @@ def run_array_element(run_dir: str) -> dict[str, Any] | None:
     An array gives all its elements the same tasks per node (the DDP count); a DP element trains
     in task 0 alone and the other tasks end at once.
     """
-    started = process_start_time()
-    _log_to_stderr()
-    cfg = runfolder.load_job_config(Path(run_dir))
-    env = distenv.detect(port=cfg.dist.port)
+    cfg, env, started = _prologue(run_dir)
     if cfg.mode == Mode.dp and env.world_size > 1:
         if env.rank != 0:
             return None
