@@ -298,11 +298,17 @@ def _read_ranks(run_dir: Path) -> tuple[dict[int, Rank], list[str]]:
         kinds = _by_kind(records)  # one pass for the common case: one start, the first record
         starts = kinds.get("start", [])
         if len(starts) > 1:  # a requeued job appends a new attempt
-            notes.append(f"note: {path}: {len(starts)} attempts, reading the last")
-        if starts and records[0] is not starts[-1]:  # records before the last start: not its own
-            kinds = _by_kind(runfolder.current_attempt(records))
+            notes.append(f"note: {path}: {len(starts)} attempts, each epoch read once")
+        if starts and (records[0] is not starts[-1] or not _rising(kinds.get("epoch", []))):
+            kinds = _by_kind(runfolder.run_view(records))  # earlier attempts: each epoch once
         ranks[rank] = kinds
     return ranks, notes
+
+
+def _rising(epochs: Records) -> bool:
+    """Whether the epoch numbers are whole and only rise: then run_view would change nothing."""
+    numbers = [n for record in epochs if type(n := record.get("epoch")) is int]
+    return len(numbers) == len(epochs) and numbers == sorted(set(numbers))
 
 
 def _by_kind(records: Records) -> Rank:

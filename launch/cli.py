@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from train import runfolder
@@ -77,11 +77,22 @@ def _parser() -> argparse.ArgumentParser:
         "status", _status, "show each run's job, state, nodes, elapsed time and last epoch"
     )
     _add_run_arguments(status, many=True)
-    cancel = command("cancel", _cancel, "cancel a run's job")
-    _add_run_arguments(cancel, many=False)
+    resume = command(
+        "resume",
+        _resume,
+        "continue a run whose job stopped (failed, cancelled, out of requeues) from its checkpoint",
+    )
+    _add_run_arguments(resume, many=False)
+    resume.add_argument("--wait", action="store_true", help="follow the job, one line per epoch")
+    cancel = command(
+        "cancel", _cancel, "cancel runs' jobs: run folders, or a folder holding them (a sweep)"
+    )
+    cancel.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="what to cancel")
     logs = command("logs", _logs, "print a run's log for one rank")
     _add_run_arguments(logs, many=False)
-    logs.add_argument("--rank", type=int, default=0, help="which rank's log (default 0)")
+    logs.add_argument(
+        "--rank", type=int, help="which rank's log (default: the rank that failed first, else 0)"
+    )
     return parser
 
 
@@ -168,17 +179,33 @@ def _prepare(args: argparse.Namespace) -> int:
     import os
 
     cfg = _resolve(args)
-    runfolder.check_root(cfg.output.root)
-    run_dir = runfolder.create(cfg, launcher=args.launcher, backend="slurm", command=sys.argv)
-    runfolder.update_meta(run_dir, job_id=os.environ.get("SLURM_JOB_ID"))
+    root = runfolder.check_root(cfg.output.root)
+    job_id = os.environ.get("SLURM_JOB_ID")
+    # A requeued batch job runs its script again: it goes on in the folder its first run made.
+    again = os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0") and job_id
+    run_dir = runfolder.find_for_job(root, job_id) if again and job_id else None
+    if run_dir is None:
+        run_dir = runfolder.create(cfg, launcher=args.launcher, backend="slurm", command=sys.argv)
+        runfolder.update_meta(run_dir, job_id=job_id)
     print(
         runfolder.shell_assignments(run_dir) if args.shell else run_dir, end="\n" * (not args.shell)
     )
     return 0
 
 
+def _resume(args: argparse.Namespace) -> int:
+    from launch.submit import follow, resume
+
+    job = resume(args.run, command=_command())
+    print(f"submitted job {job.job_id}")
+    print(f"run folder: {args.run}", flush=True)
+    if args.wait:
+        return 0 if follow(job, args.run, quiet=args.quiet) else 1
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
-    from launch.jobs import HEADER, format_table, status, unreadable
+    from launch.jobs import HEADER, failure_line, format_table, status, unreadable
 
     folders = args.runs or runfolder.find_runs(args.root)
     if not folders:
@@ -195,13 +222,28 @@ def _status(args: argparse.Namespace) -> int:
             print(f"warning: {err}", file=sys.stderr)
             rows.append(unreadable(folder).row())
     print(format_table(rows))
+    failures = [line for folder in folders if (line := _safe_failure(folder, failure_line))]
+    for line in failures:  # the rank to look at first, under the table
+        print(line)
     return 0
+
+
+def _safe_failure(folder: Path, failure_line: Callable[[Path], str | None]) -> str | None:
+    try:
+        return failure_line(folder)
+    except runfolder.RunFolderError:
+        return None
 
 
 def _cancel(args: argparse.Namespace) -> int:
     from launch.jobs import cancel
 
-    print(cancel(args.run))
+    for path in args.runs:
+        found = runfolder.find_runs(path) if path.is_dir() else []
+        if not found:
+            raise runfolder.RunFolderError(f"{path} is not a run folder and holds none")
+        for run_dir in found:
+            print(cancel(run_dir), flush=True)
     return 0
 
 

@@ -75,6 +75,10 @@ def cancel(run_dir: Path) -> str:
     job_id = meta.get("job_id")
     if not job_id:
         raise JobError(f"{run_dir.name} has no job id yet: nothing to cancel")
+    if runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):
+        return f"{run_dir.name}: job {job_id} had already completed"
+    # Marked first: ranks that catch the cancel's SIGTERM stop without writing anything.
+    runfolder.update_meta(run_dir, cancel_requested=True)
     if meta.get("backend") == "slurm":
         return _cancel_slurm(run_dir, str(job_id))
     try:
@@ -82,8 +86,8 @@ def cancel(run_dir: Path) -> str:
         # a forwarded SIGTERM, which submitit reserves for preemption).
         os.kill(int(job_id), signal.SIGINT)
     except ProcessLookupError:
-        return f"local job {job_id} had already ended"
-    return f"cancelled local job {job_id}"
+        return f"{run_dir.name}: local job {job_id} had already ended"
+    return f"{run_dir.name}: cancelled local job {job_id}"
 
 
 def _cancel_slurm(run_dir: Path, job_id: str) -> str:
@@ -94,11 +98,20 @@ def _cancel_slurm(run_dir: Path, job_id: str) -> str:
         job.cancel(check=True)
     except (OSError, subprocess.CalledProcessError) as err:
         raise JobError(f"scancel {job_id} failed ({err}): is Slurm reachable from here?") from None
-    return f"cancelled Slurm job {job_id}"
+    return f"{run_dir.name}: cancelled Slurm job {job_id}"
 
 
-def log_files(run_dir: Path, rank: int) -> list[Path]:
-    """The stdout/stderr files of one rank, as recorded in the run folder."""
+def failure_line(run_dir: Path) -> str | None:
+    """'RUN: rank R on HOST failed first: …' for a run whose ranks recorded an error."""
+    first = runfolder.first_failure(run_dir)
+    return f"{run_dir.name}: {runfolder.failure_words(first)}" if first else None
+
+
+def log_files(run_dir: Path, rank: int | None) -> list[Path]:
+    """The stdout/stderr files of one rank (by default the rank that failed first, else rank 0)."""
+    if rank is None:
+        first = runfolder.first_failure(run_dir)
+        rank = int(first["rank"]) if first else 0
     found = runfolder.log_files(run_dir, rank)
     if not found:
         raise JobError(
@@ -146,13 +159,31 @@ def _folder_state(records: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[
     start = next(iter(runfolder.of_kind(records, "start")), None)
     elapsed = _clock(summary["total_seconds"]) if summary else "-"
     host = str(start["host"]) if start else "-"
+    stop = next(iter(runfolder.of_kind(records, "stop")), None)
+    alive = meta.get("backend") == "local" and _alive(str(meta.get("job_id")))
     if summary:
         state = "COMPLETED"
+    elif meta.get("cancel_requested") and not alive:
+        state = "CANCELLED"
+    elif runfolder.of_kind(records, "error") and not alive:
+        state = "FAILED"
+    elif stop and not (meta.get("backend") == "local" and _alive(str(meta.get("job_id")))):
+        state = _stopped_state(stop)
     elif meta.get("backend") == "local":
         state = "RUNNING" if _alive(str(meta.get("job_id"))) else "ENDED-WITHOUT-SUMMARY"
     else:
         state = "UNKNOWN"  # Slurm did not answer and the run folder holds no summary
     return state, elapsed, host
+
+
+def _stopped_state(stop: dict[str, Any]) -> str:
+    """What a stop record says: requeued (it asked Slurm to), out of requeues at the time limit
+    (TIMEOUT), or stopped with its state saved for `launch resume` (STOPPED)."""
+    if stop.get("requeue"):
+        return "REQUEUED"
+    if "requeues_used" in stop and str(stop.get("reason", "")).startswith("time limit"):
+        return "TIMEOUT"
+    return "STOPPED"
 
 
 def _alive(pid: str) -> bool:

@@ -92,7 +92,8 @@ def slurm_parameters(cfg: Config, run_name: str) -> dict[str, Any]:
         "signal_delay_s": signal_delay_s(cfg),
         "setup": list(c.setup),
         "srun_args": ["--kill-on-bad-exit=1"],  # one rank failing ends the job, not a hang
-        "additional_parameters": dict(c.sbatch_extra),
+        # Requeueable: on the warning signal the job saves and asks Slurm to requeue it.
+        "additional_parameters": {"requeue": True, **c.sbatch_extra},
         **gpus,
         **({"mem": f"{c.mem_gb}GB"} if c.mem_gb else {}),
         **({"exclusive": True} if c.exclusive else {}),
@@ -163,7 +164,30 @@ def _record_job(run_dir: Path, job: submitit.Job[Any]) -> None:
     """The job id, and where each task's stdout and stderr go (submitit names them)."""
     tasks = [job.task(rank) for rank in range(job.num_tasks)]
     logs = [[str(t.paths.stdout), str(t.paths.stderr)] for t in tasks]
-    runfolder.update_meta(run_dir, job_id=str(job.job_id), logs=logs)
+    meta = runfolder.read_meta(run_dir)
+    jobs = [*meta.get("jobs", []), str(job.job_id)]  # every job that ran in this folder
+    runfolder.update_meta(run_dir, job_id=str(job.job_id), logs=logs, jobs=jobs)
+
+
+def resume(run_dir: Path, command: list[str]) -> submitit.Job[Any]:
+    """Submit a new job into an existing run folder; it resumes from the folder's checkpoint."""
+    from launch.jobs import status
+    from train.job import run
+
+    state = status(run_dir).state
+    if state in ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING"):
+        raise SubmitError(f"{run_dir.name} is {state}: cancel it first (`python -m launch cancel`)")
+    records = runfolder.read_rank(run_dir, 0)
+    if runfolder.of_kind(records, "summary"):
+        raise SubmitError(f"{run_dir.name} has finished: there is nothing to resume")
+    cfg = runfolder.load_job_config(run_dir)
+    backend = check_submission(cfg)
+    executor = make_executor(cfg, run_dir, backend)
+    with contextlib.redirect_stderr(io.StringIO()), _detached_output(backend):
+        job = executor.submit(run, str(run_dir))
+    runfolder.update_meta(run_dir, cancel_requested=None, submit_error=None, backend=backend.value)
+    _record_job(run_dir, job)
+    return job
 
 
 class SubmitError(KitError):
@@ -194,8 +218,13 @@ def follow(
     try:
         result = job.results()[0]  # every task must succeed; rank 0 holds the summary
     except Exception as err:  # submitit re-raises the task's error with its traceback
-        say(f"job {job.job_id} failed: {err}")
-        say(f"logs: {runfolder.logs_dir(run_dir)}")
+        first = runfolder.first_failure(run_dir)
+        if first:  # the rank that failed first, not a peer that lost its connection to it
+            say(f"job {job.job_id} failed: {runfolder.failure_words(first)}")
+            say(first.get("traceback_tail", "").rstrip())
+        else:
+            say(f"job {job.job_id} failed: {err}")
+        say(f"logs: python -m launch logs {run_dir}")
         return False
     say(f"job {job.job_id} done: {_result_words(result)}")
     return True
@@ -224,9 +253,13 @@ def _show_epochs(run_dir: Path, shown: int, say: Callable[[str], None]) -> int:
     for r in epochs[shown:]:
         world = start["world_size"] if start else 1
         total = start["epochs"] if start else "?"
+        timing = (
+            f"{r['seconds']:.2f} s, {r['samples'] * world / r['seconds']:.0f} samples/s"
+            if r["seconds"]
+            else "time n/m (split across attempts)"
+        )
         say(
-            f"epoch {r['epoch']}/{total}: {r['seconds']:.2f} s, "
-            f"{r['samples'] * world / r['seconds']:.0f} samples/s, train loss {r['train_loss']:.4f}, "
+            f"epoch {r['epoch']}/{total}: {timing}, train loss {r['train_loss']:.4f}, "
             f"test loss {r['test_loss']:.4f}, accuracy {r['test_accuracy']:.2%}"
         )
     return len(epochs)

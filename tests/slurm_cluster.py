@@ -152,3 +152,32 @@ def wait_job(job_id: str | int, timeout: float = 60, env: dict[str, str] | None 
         if time.monotonic() > deadline:
             raise TimeoutError(f"job {job_id} still {state or 'unknown'} after {timeout} s")
         time.sleep(0.2)
+
+
+def wait_job_releasing_holds(
+    job_id: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> tuple[str, int]:
+    """Wait for a job that may requeue itself: Slurm holds a requeued job (BeginTime) before it
+    may start again; release it at once rather than sleep that out. Returns the final state and
+    how many holds were released."""
+    env = {**os.environ, **(env or {})}
+    deadline, released = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline:
+        queued = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%T|%r"], capture_output=True, text=True, env=env
+        ).stdout.strip()
+        if queued.startswith("PENDING") and queued.split("|")[1] in _HELD:
+            subprocess.run(["scontrol", "release", job_id], capture_output=True, env=env)
+            subprocess.run(
+                ["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+                capture_output=True,
+                env=env,
+            )
+            released += 1
+        if not queued and (state := job_state(job_id, env)) in FINAL_STATES:
+            return state, released
+        time.sleep(0.5)
+    raise TimeoutError(f"job {job_id} has not ended after {timeout} s (last: {queued!r})")
+
+
+_HELD = {"BeginTime", "JobHeldAdmin", "JobHeldUser"}

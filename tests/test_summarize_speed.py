@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -83,17 +87,62 @@ def test_output_grows_with_groups_not_runs(sources: list[Path], tmp_path: Path) 
     assert abs(len(_summarize(few)) - len(_summarize(many))) <= 8
 
 
-def test_many_runs_read_in_other_processes_read_as_in_this_one(
+# Every run read in another process: small chunks, so each process gets several, the last short.
+SPREAD = {"PARALLEL_FROM": 1, "CHUNK": 7, "_cpus": lambda: 2}
+
+
+def _runs_with_notes(sources: list[Path], root: Path) -> list[Path]:
+    """40 runs, of which some in every chunk never started: their notes must keep their order."""
+    runs = speed.copy_runs(sources, 40, root)
+    for run in runs[3::5]:
+        shutil.rmtree(run / "metrics")
+    return runs
+
+
+def test_runs_read_by_spawned_processes_read_as_in_this_one(
     sources: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    runs = speed.copy_runs(sources, 40, tmp_path / "runs")
+    """Here pandas is loaded (its threads with it): the readers are spawned, not forked."""
+    runs = _runs_with_notes(sources, tmp_path / "runs")
     alone, alone_notes = load.load_runs(runs)
-    monkeypatch.setattr(load, "PARALLEL_FROM", 1)
-    monkeypatch.setattr(load, "CHUNK", 7)  # several chunks per process, the last one short
-    monkeypatch.setattr(load, "_cpus", lambda: 2)
+    for name, value in SPREAD.items():
+        monkeypatch.setattr(load, name, value)
+    if sys.platform.startswith("linux"):
+        assert load._start_method() == "spawn"
     spread, spread_notes = load.load_runs(runs, parallel=True)
     pd.testing.assert_frame_equal(alone, spread)
     assert alone_notes == spread_notes
+
+
+def test_runs_read_by_forked_processes_print_the_same_table(
+    sources: list[Path], tmp_path: Path
+) -> None:
+    """The command line reads before it loads pandas: on Linux its readers are forked."""
+    root = tmp_path / "runs"
+    _runs_with_notes(sources, root)
+    alone = kit("analysis", "summarize", str(root), "--format", "csv")
+    spread = subprocess.run(
+        [sys.executable, "-c", FORKED, str(root)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert spread.returncode == 0, spread.stderr
+    assert spread.stdout == alone.stdout and spread.stderr == alone.stderr
+    assert alone.stderr.count("no metrics yet") == 8
+
+
+FORKED = """
+import sys
+from analysis import load
+from analysis.__main__ import main
+
+load.PARALLEL_FROM, load.CHUNK, load._cpus = 1, 7, lambda: 2
+assert load._start_method() == "fork" or not sys.platform.startswith("linux")
+sys.exit(main(["summarize", sys.argv[1], "--format", "csv"]))
+"""
 
 
 def test_summarize_imports_neither_torch_nor_omegaconf(sources: list[Path]) -> None:

@@ -182,7 +182,7 @@ def _wait_for(what: Callable[[], bool], seconds: float) -> bool:
 def _state(run_dir: Path) -> str:
     done = kit("launch", "status", str(run_dir))
     assert done.returncode == 0, done.stderr
-    header, row = (line.split() for line in done.stdout.splitlines())
+    header, row = (line.split() for line in done.stdout.splitlines()[:2])
     return row[header.index("STATE")]
 
 
@@ -260,9 +260,9 @@ def test_local_cancel_ends_a_running_job(tmp_path: Path) -> None:
 
         cancelled = kit("launch", "cancel", str(run_dir))
         assert cancelled.returncode == 0, cancelled.stderr
-        assert cancelled.stdout.strip() == f"cancelled local job {pid}"
+        assert cancelled.stdout.strip() == f"{run_dir.name}: cancelled local job {pid}"
 
-        assert _wait_for(lambda: _state(run_dir) == "ENDED-WITHOUT-SUMMARY", 20)
+        assert _wait_for(lambda: _state(run_dir) == "CANCELLED", 20)
         assert not _alive(pid) and not any(_alive(t) for t in tasks)
         assert "summary" not in [r["kind"] for r in records(run_dir)]
     finally:

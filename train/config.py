@@ -127,6 +127,7 @@ class ClusterConfig:
     constraint: str | None = None
     exclusive: bool = False
     signal_delay_s: int = 90  # USR2 this long before the time limit (at most half of it)
+    max_requeues: int = 3  # on the warning signal: save and requeue, at most this often
     setup: list[str] = field(default_factory=list)  # shell lines before the job, e.g. module load
     sbatch_extra: dict[str, str] = field(default_factory=dict)  # any other #SBATCH --key=value
 
@@ -171,6 +172,7 @@ _RANGES: dict[str, tuple[int, int | None]] = {
     "cluster.mem_gb": (0, None),
     "cluster.timeout_min": (1, None),
     "cluster.signal_delay_s": (0, None),
+    "cluster.max_requeues": (0, None),
     "dist.timeout_s": (1, None),
 }
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

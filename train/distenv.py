@@ -89,17 +89,21 @@ def detect(environ: Mapping[str, str] | None = None, port: int = 0) -> DistEnv:
     return DistEnv(source=source, **found)
 
 
-def port_for_job(job_id: str) -> int:
-    """A port in 20000–59999 from the job id ('123', or '12_3' for an array element).
+PORT_LOW, PORT_COUNT = 20000, 12768  # 20000–32767: below Linux's ephemeral range (32768–60999)
 
-    Jobs whose ids differ by less than 40000 get different ports, and so do the elements (below
-    997) of one array: 997 is prime, so id × 997 + element runs through every port before repeating.
-    Below the OS's ephemeral range (32768+ on Linux by default) half of the time, never above 60000.
+
+def port_for_job(job_id: str) -> int:
+    """A port in 20000–32767 from the job id ('123', or '12_3' for an array element).
+
+    Outgoing connections take their ports from the ephemeral range, so a port there may already
+    be held; this range stays below it. Jobs whose ids differ by less than 12768 get different
+    ports, and so do the elements (below 997) of one array: 997 is prime and shares no factor with
+    12768, so id × 997 + element runs through every port before one repeats.
     """
     job, _, element = job_id.partition("_")
     job_digits = re.sub(r"\D", "", job) or "0"
     element_digits = re.sub(r"\D", "", element) or "0"
-    return 20000 + (int(job_digits) * 997 + int(element_digits)) % 40000
+    return PORT_LOW + (int(job_digits) * 997 + int(element_digits)) % PORT_COUNT
 
 
 def first_host(nodelist: str) -> str:

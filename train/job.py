@@ -10,12 +10,15 @@ import contextlib
 import dataclasses
 import datetime
 import hashlib
+import itertools
 import logging
 import os
 import platform
 import socket
 import time
+import traceback
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
-from train import data, distenv, runfolder
+from train import data, distenv, resume, runfolder
 from train.config import (
     Config,
     Mode,
@@ -48,6 +51,10 @@ class LaunchError(KitError):
     """The processes of the job do not match its config; the message names the fix."""
 
 
+class Stopped(LaunchError):
+    """The job stopped early on purpose (a signal, a cancel) after saving what it could."""
+
+
 @dataclass
 class Context:
     cfg: Config
@@ -56,6 +63,7 @@ class Context:
     gpus: int  # GPUs this process drives (DP: all of the node's; DDP: one; CPU: 0)
     run_dir: Path
     metrics: runfolder.RecordWriter
+    stops: resume.StopSignals  # caught from the job's start, acted on at a step boundary
 
 
 def run(run_dir: str) -> dict[str, Any]:
@@ -94,15 +102,38 @@ def run_array_element(run_dir: str) -> dict[str, Any] | None:
 
 
 def _run(cfg: Config, env: distenv.DistEnv, run_dir: Path, started: float) -> dict[str, Any]:
-    check_launch(cfg, env)
-    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    check_hardware(cfg, visible, env.local_world_size)
-    ctx = _setup(cfg, env, run_dir)
     try:
+        check_launch(cfg, env)
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        check_hardware(cfg, visible, env.local_world_size)
+        ctx = _setup(cfg, env, run_dir, resume.StopSignals())
         return _largest_batch(ctx, started) if cfg.task == "largest_batch" else _train(ctx, started)
+    except Stopped:
+        raise
+    except BaseException as err:  # named in the run folder, so status can say which rank failed
+        _record_failure(run_dir, env.rank, err)
+        raise
     finally:
+        resume.ignore_stop_signals()  # the work is done or given up: a late warning changes nothing
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _record_failure(run_dir: Path, rank: int, err: BaseException) -> None:
+    """An `error` record naming this rank, unless the run is being cancelled: then the signal's
+    exception is no failure, and nothing is written after the cancel."""
+    lines = traceback.format_exception(type(err), err, err.__traceback__)
+    with contextlib.suppress(OSError, KitError):
+        if runfolder.read_meta(run_dir).get("cancel_requested"):
+            return
+    with contextlib.suppress(OSError):
+        runfolder.RecordWriter(run_dir, rank).write(
+            "error",
+            host=socket.gethostname(),
+            node=os.environ.get("SLURMD_NODENAME", socket.gethostname()),
+            error=f"{type(err).__name__}: {err}"[:2000],
+            traceback_tail="".join(lines)[-3000:],
+        )
 
 
 def check_launch(cfg: Config, env: distenv.DistEnv, environ: dict[str, str] | None = None) -> None:
@@ -128,7 +159,7 @@ def check_launch(cfg: Config, env: distenv.DistEnv, environ: dict[str, str] | No
     )
 
 
-def _setup(cfg: Config, env: distenv.DistEnv, run_dir: Path) -> Context:
+def _setup(cfg: Config, env: distenv.DistEnv, run_dir: Path, stops: resume.StopSignals) -> Context:
     device, gpus = _pick_device(cfg, env)
     torch.set_num_threads(_cpu_threads(cfg, env))
     # The same initial weights everywhere (DDP broadcasts rank 0's anyway).
@@ -142,7 +173,9 @@ def _setup(cfg: Config, env: distenv.DistEnv, run_dir: Path) -> Context:
             init_method="env://",
             timeout=datetime.timedelta(seconds=cfg.dist.timeout_s),
         )
-    return Context(cfg, env, device, gpus, run_dir, runfolder.RecordWriter(run_dir, env.rank))
+    return Context(
+        cfg, env, device, gpus, run_dir, runfolder.RecordWriter(run_dir, env.rank), stops
+    )
 
 
 def _pick_device(cfg: Config, env: distenv.DistEnv) -> tuple[torch.device, int]:
@@ -201,7 +234,8 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
     sampler: DistributedSampler[Any] = DistributedSampler(
         train_set, env.world_size, env.rank, shuffle=True, seed=cfg.train.seed
     )
-    loader = _loader(ctx, train_set, per_rank_batch(cfg), sampler)
+    batches = _ResumeSampler(sampler)
+    loader = _loader(ctx, train_set, per_rank_batch(cfg), batches)
     # Evaluation takes the training batch, so no phase needs more memory per card than training.
     test_shard = Subset(test_set, range(env.rank, len(test_set), env.world_size))
     test_loader = _loader(ctx, test_shard, per_rank_batch(cfg) * cfg.train.grad_accum_steps)
@@ -209,39 +243,149 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
     raw_model = typing.cast(nn.Module, model.module)  # the bare model inside DP/DDP
     scaler = torch.amp.GradScaler(enabled=cfg.train.precision == Precision.fp16)
     torch.manual_seed(cfg.train.seed + env.rank)  # different dropout masks per rank
+    progress = _restore(ctx, raw_model, optimizer, scaler)
     gpus = GpuSampler(_driven_gpus(ctx))
     ctx.metrics.write(
         "start",
         **_start_record(ctx, len(train_set), len(test_set)),
         startup_s=time.time() - started,
+        first_epoch=progress.epoch,
+        resumed_at_batch=progress.batches,
+        restarts=resume.restarts(),
     )
     epochs: list[dict[str, Any]] = []
-    for epoch in range(1, cfg.train.epochs + 1):
-        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+    while progress.epoch <= cfg.train.epochs:
+        sampler.set_epoch(progress.epoch)  # a new shuffle each epoch, the same on every rank
+        batches.skip = progress.batches * per_rank_batch(cfg)
         gpus.resume()
-        figures = _train_epoch(ctx, model, loader, optimizer, scaler)
+        figures, stop = _train_epoch(ctx, model, loader, optimizer, scaler, progress)
         gpus.pause()
-        eval_start = time.perf_counter()
-        test_loss, accuracy = _evaluate(
-            ctx, model if cfg.mode == Mode.dp else raw_model, test_loader
-        )
-        record = ctx.metrics.write(
-            "epoch",
-            epoch=epoch,
-            **figures,
-            test_loss=test_loss,
-            test_accuracy=accuracy,
-            eval_seconds=time.perf_counter() - eval_start,
-        )
-        epochs.append(record)
-        log.info(
-            "rank %d epoch %d/%d: %.2f s, train loss %.4f, test accuracy %.2f%%",
-            env.rank, epoch, cfg.train.epochs, record["seconds"], record["train_loss"], 100 * accuracy,
-        )  # fmt: skip
-        if env.is_main and cfg.train.checkpoint:
-            save_checkpoint(raw_model, runfolder.checkpoint_path(ctx.run_dir))
+        if stop:
+            return _stop(ctx, stop, progress, (raw_model, optimizer, scaler))
+        epochs.append(_end_epoch(ctx, model, raw_model, test_loader, progress, figures))
+        progress = resume.Progress(epoch=progress.epoch + 1)
+        if cfg.train.checkpoint:
+            resume.save(ctx.run_dir, cfg, raw_model, optimizer, scaler, progress)
     gpus.close()
     return _summary(ctx, epochs, started, raw_model, gpus)
+
+
+class _ResumeSampler(torch.utils.data.Sampler[int]):
+    """The distributed sampler's order, less the first `skip` indices: a resumed epoch goes on
+    with exactly the batches that were left."""
+
+    def __init__(self, sampler: DistributedSampler[Any]) -> None:
+        self.sampler = sampler
+        self.skip = 0
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(iter(self.sampler), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(0, len(self.sampler) - self.skip)
+
+
+def _restore(ctx: Context, raw_model: nn.Module, optimizer: Any, scaler: Any) -> resume.Progress:
+    """Load the run's saved state where there is one: weights, optimizer, scaler, RNG, position."""
+    if not ctx.cfg.train.checkpoint:
+        return resume.Progress()
+    state = resume.load(ctx.run_dir, ctx.cfg, ctx.env.rank, ctx.env.world_size)
+    if state is None:
+        return resume.Progress()
+    raw_model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    resume.set_rng_state(state["mine"]["rng"])
+    progress = resume.Progress(**state["mine"]["progress"])
+    log.info(
+        "rank %d resumes at epoch %d, batch %d", ctx.env.rank, progress.epoch, progress.batches
+    )
+    return progress
+
+
+def _end_epoch(
+    ctx: Context,
+    model: nn.Module,
+    raw_model: nn.Module,
+    test_loader: DataLoader,
+    progress: resume.Progress,
+    figures: dict[str, Any],
+) -> dict[str, Any]:
+    """Evaluate, write the epoch's record and log it."""
+    eval_start = time.perf_counter()
+    scored = model if ctx.cfg.mode == Mode.dp else raw_model
+    test_loss, accuracy = _evaluate(ctx, scored, test_loader)
+    record = ctx.metrics.write(
+        "epoch",
+        epoch=progress.epoch,
+        **figures,
+        test_loss=test_loss,
+        test_accuracy=accuracy,
+        eval_seconds=time.perf_counter() - eval_start,
+    )
+    log.info(
+        "rank %d epoch %d/%d: %s s, train loss %.4f, test accuracy %.2f%%",
+        ctx.env.rank, progress.epoch, ctx.cfg.train.epochs, _seconds(record["seconds"]),
+        record["train_loss"], 100 * accuracy,
+    )  # fmt: skip
+    return record
+
+
+def _seconds(value: float | None) -> str:
+    return "n/m (split across attempts)" if value is None else f"{value:.2f}"
+
+
+def _stop(
+    ctx: Context, reason: int, progress: resume.Progress, state: tuple[nn.Module, Any, Any]
+) -> dict[str, Any]:
+    """Stopped early by a signal, after the same step on every rank: save, then requeue."""
+    cfg, words = ctx.cfg, resume.REASONS[reason]
+    if runfolder.read_meta(ctx.run_dir).get("cancel_requested"):
+        raise Stopped("cancelled by `launch cancel`: stopped without writing")
+    resume.save(ctx.run_dir, cfg, *state, progress)
+    where = f"epoch {progress.epoch}, batch {progress.batches}"
+    job_id = resume.requeue_id() if os.environ.get("SUBMITIT_EXECUTOR") != "local" else None
+    if job_id is None:
+        ctx.metrics.write("stop", reason=words, epoch=progress.epoch, batches=progress.batches)
+        raise Stopped(
+            f"stopped by {words} at {where}, checkpoint saved: continue with "
+            f"`python -m launch resume {ctx.run_dir}`"
+        )
+    if resume.restarts() >= cfg.cluster.max_requeues:
+        return _out_of_requeues(ctx, reason, progress, where)
+    problem = resume.request_requeue(job_id) if ctx.env.is_main else ""
+    ctx.metrics.write(
+        "stop", reason=words, epoch=progress.epoch, batches=progress.batches, requeue=job_id
+    )
+    if problem:
+        raise LaunchError(
+            f"stopped by {words} at {where} and saved, but `scontrol requeue {job_id}` failed "
+            f"({problem}): continue with `python -m launch resume {ctx.run_dir}`"
+        )
+    log.info(
+        "rank %d: stopped by %s at %s, saved; job %s requeued", ctx.env.rank, words, where, job_id
+    )
+    resume.wait_for_slurm(600)  # Slurm ends this process as it requeues the job
+    raise Stopped(f"job {job_id} was requeued but this process was not ended")
+
+
+def _out_of_requeues(
+    ctx: Context, reason: int, progress: resume.Progress, where: str
+) -> dict[str, Any]:
+    limit = ctx.cfg.cluster.max_requeues
+    ctx.metrics.write(
+        "stop", reason=resume.REASONS[reason], epoch=progress.epoch, batches=progress.batches,
+        requeue=None, requeues_used=resume.restarts(),
+    )  # fmt: skip
+    message = (
+        f"stopped by {resume.REASONS[reason]} at {where}, saved; not requeued: the job was "
+        f"already requeued {resume.restarts()} time(s), cluster.max_requeues={limit}. Continue "
+        f"with `python -m launch resume {ctx.run_dir}`"
+    )
+    log.warning("rank %d: %s", ctx.env.rank, message)
+    if reason == resume.TIME_LIMIT:
+        resume.wait_for_slurm(24 * 3600)  # Slurm ends the job at its limit: TIMEOUT
+    raise Stopped(message)
 
 
 def _largest_batch(ctx: Context, started: float) -> dict[str, Any]:
@@ -276,6 +420,9 @@ def _loader(ctx: Context, dataset: Any, batch: int, sampler: Any = None) -> Data
         num_workers=workers,
         pin_memory=ctx.cfg.data.pin_memory and ctx.device.type == "cuda",
         persistent_workers=workers > 0,
+        # Its own generator: starting an epoch must not draw from the global RNG, or a resumed
+        # run's dropout masks would differ from an uninterrupted run's.
+        generator=torch.Generator().manual_seed(ctx.cfg.train.seed),
     )
 
 
@@ -287,42 +434,62 @@ def _autocast(ctx: Context) -> contextlib.AbstractContextManager[Any]:
 
 
 def _train_epoch(
-    ctx: Context, model: nn.Module, loader: DataLoader, optimizer: Any, scaler: Any
-) -> dict[str, Any]:
-    """One pass over this rank's shard: its time, samples, mean loss and step-time percentiles."""
+    ctx: Context,
+    model: nn.Module,
+    loader: DataLoader,
+    optimizer: Any,
+    scaler: Any,
+    progress: resume.Progress,
+) -> tuple[dict[str, Any], int]:
+    """This rank's shard of the epoch from `progress.batches` on: its time, samples, mean loss
+    and step-time percentiles, and the stop reason all ranks agreed on (0: ran to the end).
+
+    `progress` is kept current at every optimizer step, so a stop can save it as it stands.
+    """
     model.train()
     accum = ctx.cfg.train.grad_accum_steps
-    loss_sum = torch.zeros((), device=ctx.device)
-    samples = 0
+    total = progress.batches + len(loader)
+    resumed = progress.batches > 0
+    loss_sum = torch.zeros((), device=ctx.device) + progress.loss_sum
+    samples = progress.samples
     clock = StepClock(ctx.device)
     _synchronize(ctx)
     start = time.perf_counter()
-    for step, (x, y) in enumerate(loader, start=1):
+    for step, (x, y) in enumerate(loader, start=progress.batches + 1):
         clock.mark()
         x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-        last_micro = step % accum == 0 or step == len(loader)
+        last_micro = step % accum == 0 or step == total
         # DDP all-reduces gradients only on the last micro-step of an accumulation group.
         skip_sync = isinstance(model, nn.parallel.DistributedDataParallel) and not last_micro
         with model.no_sync() if skip_sync else contextlib.nullcontext():  # type: ignore[operator]
             with _autocast(ctx):
                 loss = F.cross_entropy(model(x), y)
             scaler.scale(loss / accum).backward()
+        loss_sum += loss.detach() * len(y)
+        samples += len(y)
         if last_micro:
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
-        loss_sum += loss.detach() * len(y)
-        samples += len(y)
+            stop = ctx.stops.agreed(ctx.device)
+            if stop:
+                progress.batches, progress.loss_sum, progress.samples = (
+                    step,
+                    loss_sum.item(),
+                    samples,
+                )
+                return {}, stop
     clock.mark()
     _synchronize(ctx)  # the clock stops when the GPU work is done, not when it is queued
-    seconds = time.perf_counter() - start
+    seconds = None if resumed else time.perf_counter() - start  # a split epoch has no one time
     return {
         "seconds": seconds,
         "samples": samples,
-        "samples_per_s": samples / seconds,
+        "samples_per_s": samples / seconds if seconds else None,
         "train_loss": loss_sum.item() / max(samples, 1),
+        "resumed_at_batch": progress.batches if resumed else None,
         **clock.percentiles(),
-    }
+    }, resume.NONE
 
 
 def _driven_gpus(ctx: Context) -> list[int]:
@@ -356,18 +523,13 @@ def _synchronize(ctx: Context) -> None:
         torch.cuda.synchronize(ctx.device)
 
 
-def save_checkpoint(raw_model: nn.Module, path: Path) -> None:
-    """Save the bare model's weights (no `module.` prefix) atomically: a crash leaves the old file."""
-    with runfolder.atomic_file(path) as partial:
-        torch.save(raw_model.state_dict(), partial)
-
-
 def _start_record(ctx: Context, train_samples: int, test_samples: int) -> dict[str, Any]:
     cfg, env = ctx.cfg, ctx.env
     cuda = ctx.device.type == "cuda"
     return {
         **env.as_dict(),
         "host": socket.gethostname(),
+        "pid": os.getpid(),
         # Slurm's node name: emulated nodes (and containers) can share one hostname.
         "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -414,12 +576,14 @@ def _summary(
     raw_model: nn.Module,
     gpus: GpuSampler,
 ) -> dict[str, Any]:
-    last = epochs[-1]
+    """The run's end: over every attempt, each epoch once (earlier attempts from the run folder)."""
+    done = runfolder.of_kind(runfolder.read_rank(ctx.run_dir, ctx.env.rank), "epoch")
+    last = done[-1]
     checkpoint = runfolder.CHECKPOINT if ctx.env.is_main and ctx.cfg.train.checkpoint else None
     return ctx.metrics.write(
         "summary",
-        epochs=len(epochs),
-        train_seconds=sum(e["seconds"] for e in epochs),
+        epochs=len(done),
+        train_seconds=sum(e["seconds"] or 0.0 for e in done),  # the measured parts
         total_seconds=time.time() - started,
         final_test_loss=last["test_loss"],
         final_test_accuracy=last["test_accuracy"],

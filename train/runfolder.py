@@ -29,8 +29,9 @@ CONFIG = "config.yaml"  # the resolved settings, for people and for the job
 META = "run.json"  # who made the run, its job, and the settings again as JSON for fast readers
 METRICS = "metrics"  # one JSON-lines file per rank
 LOGS = "logs"
-CHECKPOINT = "checkpoints/model.pt"
-KINDS = ("start", "epoch", "summary")
+CHECKPOINT = "checkpoints/model.pt"  # the bare model's weights
+STATE = "checkpoints/state.pt"  # the whole training state a job resumes from
+KINDS = ("start", "epoch", "stop", "error", "summary")
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9@+=:,./_-]+")  # needs no shell quoting; no Slurm % pattern
 
 
@@ -221,6 +222,56 @@ def _holds_meta(folder: str) -> bool:
         return os.path.islink(path)  # a dangling link: a damaged run, reported as such later
 
 
+def first_failure(run_dir: Path) -> dict[str, Any] | None:
+    """What failed first, over every rank's run view: the earliest `error` that is not a mere
+    echo of a lost peer; else a rank that started and then went silent (killed or stalled, it
+    could write nothing), as a record of the same shape; else the earliest error."""
+    views = {rank: read_rank(run_dir, rank) for rank in rank_files(run_dir)}
+    errors = [r for view in views.values() for r in of_kind(view, "error")]
+    if not errors:
+        return None
+    primary = [r for r in errors if not _LOST_PEER.search(str(r.get("error", "")))]
+    if primary:
+        return min(primary, key=lambda r: r.get("time", 0.0))
+    silent = [rank for rank, view in views.items() if _went_silent(view)]
+    if silent:
+        start = of_kind(views[silent[0]], "start")[-1]
+        return {
+            "rank": silent[0],
+            "node": start.get("node"),
+            "host": start.get("host"),
+            "error": "stopped answering (killed or stalled: it recorded no error); the other "
+            "ranks lost it",
+        }
+    return min(errors, key=lambda r: r.get("time", 0.0))
+
+
+# Errors a rank raises because a peer went away: they follow a failure, they are not it.
+_LOST_PEER = re.compile(
+    r"closed by peer|reset by peer|broken pipe|timed out|timeout|remote process exited|"
+    r"communicator was aborted|connection refused",
+    re.IGNORECASE,
+)
+
+
+def _went_silent(view: list[dict[str, Any]]) -> bool:
+    kinds = {r.get("kind") for r in view}
+    return "start" in kinds and not kinds & {"error", "summary", "stop"}
+
+
+def failure_words(error: dict[str, Any]) -> str:
+    return f"rank {error.get('rank')} on {error.get('node') or error.get('host')} failed first: {error.get('error')}"
+
+
+def find_for_job(root: Path, job_id: str) -> Path | None:
+    """The run folder under root whose run.json names this Slurm job, if any."""
+    for run_dir in find_runs(root):
+        with contextlib.suppress(RunFolderError):
+            if str(read_meta(run_dir).get("job_id")) == job_id:
+                return run_dir
+    return None
+
+
 # --- per-rank records ---------------------------------------------------------------------
 
 
@@ -296,12 +347,26 @@ def _parse_line(line: str) -> tuple[dict[str, Any], str]:
     return record, ""
 
 
-def current_attempt(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records after the last `start`: a restarted job appends a new attempt to the file."""
-    for i in range(len(records) - 1, -1, -1):  # from the end: the last start is near it
-        if records[i].get("kind") == "start":
-            return records[i:]
-    return records
+def run_view(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The run as its attempts leave it: the last `start`, each epoch once, then the last
+    attempt's other records (its stop, its summary).
+
+    Every attempt appends a `start` saying the epoch it begins with (`first_epoch`: 1 unless it
+    resumed from a checkpoint); its epochs replace those of earlier attempts from that one on.
+    """
+    epochs: dict[int, dict[str, Any]] = {}
+    last: list[dict[str, Any]] = []
+    for record in records:
+        kind = record.get("kind")
+        if kind == "start":
+            first = int(record.get("first_epoch") or 1)
+            epochs = {n: r for n, r in epochs.items() if n < first}
+            last = [record]
+        elif kind == "epoch" and isinstance(record.get("epoch"), int):
+            epochs[record["epoch"]] = record
+        else:
+            last.append(record)
+    return last[:1] + [epochs[n] for n in sorted(epochs)] + last[1:]
 
 
 def attempts(records: list[dict[str, Any]]) -> int:
@@ -313,9 +378,9 @@ def of_kind(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 
 def read_rank(run_dir: Path, rank: int) -> list[dict[str, Any]]:
-    """One rank's current attempt ([] before it wrote anything); unreadable lines skipped."""
+    """One rank's run view ([] before it wrote anything); unreadable lines skipped."""
     path = metrics_path(run_dir, rank)
-    return current_attempt(read_records(path)[0]) if path.is_file() else []
+    return run_view(read_records(path)[0]) if path.is_file() else []
 
 
 # --- checkpoints and logs -----------------------------------------------------------------
@@ -323,6 +388,10 @@ def read_rank(run_dir: Path, rank: int) -> list[dict[str, Any]]:
 
 def checkpoint_path(run_dir: Path) -> Path:
     return run_dir / CHECKPOINT
+
+
+def state_path(run_dir: Path) -> Path:
+    return run_dir / STATE
 
 
 @contextlib.contextmanager

@@ -1,0 +1,136 @@
+"""Jobs that survive: stopped by the time-limit signal (or preempted), saved, requeued or resumed,
+ending with exactly the parameters of the same run uninterrupted (CPU, gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kit import REPO, kit, run_folder
+from slurm_cluster import SlurmCluster, wait_job_releasing_holds
+
+from train import runfolder
+
+# One thread per rank everywhere: the same arithmetic in every run, so the same parameters.
+# Long enough (about 35 s of training on a quiet 2-core machine) that a 1-minute limit whose
+# warning comes 30 s ahead always interrupts the first attempt.
+WORK = ["data.train_size=3072", "data.test_size=256", "train.epochs=12", "cluster.cpus_per_task=1"]
+DDP = ["--mode", "ddp", "cluster.gpus_per_node=2", *WORK]
+
+
+def _final_hashes(run_dir: Path) -> set[str]:
+    view = [runfolder.read_rank(run_dir, rank) for rank in (0, 1)]
+    return {runfolder.of_kind(records, "summary")[-1]["parameters_sha256"] for records in view}
+
+
+def _attempts(run_dir: Path) -> int:
+    return runfolder.attempts(runfolder.read_records(runfolder.metrics_path(run_dir, 0))[0])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The parameters the run ends with when nothing stops it."""
+    tmp = tmp_path_factory.mktemp("reference")
+    done = kit(
+        "launch", "submit", *DDP, "cluster.backend=local", f"output.root={tmp}/runs",
+        f"data.root={tmp}/data", "--wait",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    (sha,) = _final_hashes(run_folder(done.stdout))
+    return sha
+
+
+def _wait_for(condition: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.3)
+
+
+def test_local_stop_then_resume_ends_as_if_never_stopped(
+    tmp_path: Path, uninterrupted: str
+) -> None:
+    where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
+    done = kit("launch", "submit", *DDP, "cluster.backend=local", *where)
+    assert done.returncode == 0, done.stderr
+    run_dir = run_folder(done.stdout)
+    epochs = lambda: runfolder.of_kind(runfolder.read_rank(run_dir, 0), "epoch")  # noqa: E731
+    _wait_for(lambda: len(epochs()) >= 1, 180, "the first epoch")
+    time.sleep(1.5)  # somewhere inside the second epoch
+    starts = [runfolder.of_kind(runfolder.read_rank(run_dir, r), "start")[0] for r in (0, 1)]
+    for start in starts:  # what Slurm sends before the time limit
+        os.kill(start["pid"], signal.SIGUSR2)
+    _wait_for(lambda: " STOPPED " in kit("launch", "status", str(run_dir)).stdout, 120, "STOPPED")
+    stop = runfolder.of_kind(runfolder.read_rank(run_dir, 0), "stop")[-1]
+    assert stop["reason"].startswith("time limit") and runfolder.state_path(run_dir).is_file()
+
+    resumed = kit("launch", "resume", str(run_dir), "--wait")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    shown = [
+        line.split("/")[0] for line in resumed.stdout.splitlines() if line.startswith("epoch ")
+    ]
+    assert shown == [f"epoch {n}" for n in range(1, 13)]  # each epoch once
+    assert _final_hashes(run_dir) == {uninterrupted}
+    assert _attempts(run_dir) == 2  # the raw records keep both attempts
+    split = [e for e in epochs() if e.get("resumed_at_batch")]
+    assert all(e["seconds"] is None for e in split)  # no made-up time for a split epoch
+    again = kit("launch", "resume", str(run_dir))
+    assert again.returncode == 2 and "nothing to resume" in again.stderr
+
+
+def _requeued_run_checks(run_dir: Path, uninterrupted: str) -> None:
+    assert _final_hashes(run_dir) == {uninterrupted}
+    assert _attempts(run_dir) >= 2
+    epochs = runfolder.of_kind(runfolder.read_rank(run_dir, 0), "epoch")
+    assert [e["epoch"] for e in epochs] == list(range(1, 13))
+
+
+@pytest.mark.slurm
+def test_submit_path_requeues_at_the_time_limit_and_resumes(
+    slurm_cluster: SlurmCluster, tmp_path: Path, uninterrupted: str
+) -> None:
+    done = kit(
+        "launch", "submit", *DDP, "cluster.backend=slurm", "cluster.timeout_min=1",
+        "cluster.signal_delay_s=30", "cluster.max_requeues=20", f"output.root={tmp_path}/runs",
+        f"data.root={tmp_path}/data",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    run_dir, job_id = run_folder(done.stdout), done.stdout.split()[2]
+    state, released = wait_job_releasing_holds(job_id, 600, slurm_cluster.env)
+    assert state == "COMPLETED" and released >= 1, (state, released)
+    _requeued_run_checks(run_dir, uninterrupted)
+    assert " COMPLETED " in kit("launch", "status", str(run_dir)).stdout
+
+
+@pytest.mark.slurm
+def test_sbatch_path_saves_and_requeues_on_the_warning_signal(
+    slurm_cluster: SlurmCluster, tmp_path: Path, uninterrupted: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch script's job, sent the warning signal by Slurm mid-run (as `--signal` does before
+    the limit, or a preemption would), requeues, finds its run folder and finishes it."""
+    monkeypatch.setenv("KIT_PYTHON", sys.executable)  # sbatch passes the environment on
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    done = slurm_cluster.run(
+        "sbatch", "--parsable", "--cpus-per-task=1", "--gpus-per-node=2", "--ntasks-per-node=2",
+        f"--output={tmp_path}/slurm-%j.out", str(REPO / "slurm/ddp.sbatch"), *WORK,
+        f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data",
+    )  # fmt: skip
+    job_id = done.stdout.strip().split(";")[0]
+    assert job_id, done.stderr
+    runs = tmp_path / "runs"
+    first_epoch = lambda: any(  # noqa: E731
+        runfolder.of_kind(runfolder.read_rank(r, 0), "epoch") for r in runfolder.find_runs(runs)
+    )
+    _wait_for(lambda: runs.is_dir() and first_epoch(), 300, "the first epoch")
+    slurm_cluster.run("scancel", "--signal=USR2", job_id)  # to the job's steps: every rank
+    state, released = wait_job_releasing_holds(job_id, 600, slurm_cluster.env)
+    out = (tmp_path / f"slurm-{job_id}.out").read_text()
+    assert state == "COMPLETED" and released >= 1, out
+    (run_dir,) = runfolder.find_runs(runs)  # the requeued script found its folder
+    _requeued_run_checks(run_dir, uninterrupted)
+    assert json.loads((run_dir / "run.json").read_text())["job_id"] == job_id

@@ -1,0 +1,178 @@
+"""Surviving Slurm: the whole training state in one checkpoint, the stop signals, and the requeue.
+
+On the warning signal before the time limit (SIGUSR2) or on SIGTERM (preemption), a handler only
+sets a flag. The loop asks all ranks at the next optimizer step whether any saw one (one small
+all-reduce), so every rank stops after the same step; rank 0 then writes the checkpoint and asks
+Slurm to requeue the job, and the restarted job resumes from the checkpoint by itself. Saving inside
+a signal handler can hang a collective, and a handler on rank 0 alone leaves the others running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import random
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from train import runfolder
+from train.config import Config, to_yaml
+
+log = logging.getLogger("train")
+
+# Why a job stops early, as agreed by all ranks; a larger code wins when ranks disagree.
+NONE, TIME_LIMIT, PREEMPTED = 0, 1, 2
+REASONS = {TIME_LIMIT: "time limit (SIGUSR2)", PREEMPTED: "preemption (SIGTERM)"}
+_SIGNALS = {signal.SIGUSR2: TIME_LIMIT, signal.SIGTERM: PREEMPTED}
+
+
+@dataclass
+class Progress:
+    """Where training stands: `batches` of `epoch` are done (0: the epoch has not started)."""
+
+    epoch: int = 1
+    batches: int = 0
+    loss_sum: float = 0.0  # this rank's, over the done batches of the epoch
+    samples: int = 0  # this rank's, likewise
+
+
+class StopSignals:
+    """Catches the stop signals in every rank and turns them into one agreed decision."""
+
+    def __init__(self) -> None:
+        self.seen = NONE
+        for signum in _SIGNALS:
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.seen = max(self.seen, _SIGNALS[signal.Signals(signum)])
+
+    def agreed(self, device: torch.device) -> int:
+        """The stop reason any rank saw (NONE if none): every rank gets the same answer."""
+        if not dist.is_initialized():
+            return self.seen
+        flag = torch.tensor([self.seen], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())
+
+
+def ignore_stop_signals() -> None:
+    """From here on the process only ends: a signal now must not fail a job that did its work."""
+    for signum in _SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def config_hash(cfg: Config) -> str:
+    return hashlib.sha256(to_yaml(cfg).encode()).hexdigest()
+
+
+def rng_state() -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+
+
+def save(
+    run_dir: Path,
+    cfg: Config,
+    raw_model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    progress: Progress,
+) -> None:
+    """Every rank's progress and RNG gathered to rank 0, which writes one file (its rename is the
+    commit: a reader sees the whole previous state or the whole new one), then the bare weights."""
+    mine = {"progress": asdict(progress), "rng": rng_state()}
+    ranks = [mine]
+    if dist.is_initialized():
+        ranks = [None] * dist.get_world_size()  # type: ignore[list-item]
+        dist.all_gather_object(ranks, mine)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
+    state = {
+        "schema": runfolder.SCHEMA,
+        "config_sha256": config_hash(cfg),
+        "epoch": progress.epoch,
+        "batches": progress.batches,
+        "model": raw_model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict(),
+        "ranks": ranks,
+    }
+    with runfolder.atomic_file(runfolder.state_path(run_dir)) as partial:
+        torch.save(state, partial)
+    with runfolder.atomic_file(runfolder.checkpoint_path(run_dir)) as partial:
+        torch.save(raw_model.state_dict(), partial)  # weights alone, for a bare model
+
+
+def load(run_dir: Path, cfg: Config, rank: int, world_size: int) -> dict[str, Any] | None:
+    """The saved state with this rank's own progress and RNG, or None where none was saved."""
+    path = runfolder.state_path(run_dir)
+    if not path.is_file():
+        return None
+    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
+    if state.get("config_sha256") != config_hash(cfg):
+        raise runfolder.RunFolderError(
+            f"{path} was saved with other settings than {run_dir / runfolder.CONFIG}: a run "
+            "resumes only with its own config; start a new run instead"
+        )
+    if len(state["ranks"]) != world_size:
+        raise runfolder.RunFolderError(
+            f"{path} holds {len(state['ranks'])} rank(s) but this job has {world_size}: resume "
+            "with the run's own shape (its saved config)"
+        )
+    return {**state, "mine": state["ranks"][rank]}
+
+
+def requeue_id() -> str | None:
+    """The id `scontrol requeue` takes: an array element's own, else the job's; None off Slurm."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"  # the bare array id would requeue every element
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def restarts() -> int:
+    """How often Slurm has restarted this job (0 on the first run)."""
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+
+def request_requeue(job_id: str) -> str:
+    """Ask Slurm to requeue the job; '' on success, else what went wrong."""
+    try:
+        done = subprocess.run(
+            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return str(err)
+    return "" if done.returncode == 0 else (done.stderr or done.stdout).strip()
+
+
+def wait_for_slurm(seconds: float) -> None:
+    """After a requeue or at the end of the allowed requeues: Slurm ends this process itself."""
+    with contextlib.suppress(KeyboardInterrupt):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
