@@ -21,7 +21,7 @@ if os.environ.get("SUBMITIT_LOCAL_GLOBALID") == os.environ.get("KIT_TEST_FAILING
 """
 
 
-def test_the_rank_that_raised_is_named(tmp_path: Path) -> None:
+def test_the_rank_that_raised_is_named_and_the_run_resumes(tmp_path: Path) -> None:
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(HOOK)
@@ -38,3 +38,7 @@ def test_the_rank_that_raised_is_named(tmp_path: Path) -> None:
     logs = kit("launch", "logs", str(run_dir))
     assert logs.returncode == 0 and "_1_log.err <==" in logs.stdout
     assert "injected failure in this rank" in logs.stdout
+
+    resumed = kit("launch", "resume", str(run_dir), "--wait")  # the bug fixed: no hook now
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert " COMPLETED " in kit("launch", "status", str(run_dir)).stdout

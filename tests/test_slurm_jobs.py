@@ -171,8 +171,11 @@ def test_submitit_ddp_binds_gpus(
 
 
 def test_status_cancel_and_logs(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """A 2-node job cancelled mid-epoch: every rank gone within seconds, nothing written after."""
     done = kit(
         *SUBMIT_DDP,
+        "--nodes",
+        "2",
         "train.epochs=500",
         "data.train_size=1024",
         "data.test_size=256",
@@ -180,9 +183,10 @@ def test_status_cancel_and_logs(slurm_cluster: SlurmCluster, tmp_path: Path) -> 
     )
     assert done.returncode == 0, done.stderr
     run_dir = run_folder(done.stdout)
-    deadline = time.monotonic() + 120
-    while not (run_dir / "metrics" / "rank-00000.jsonl").is_file() and time.monotonic() < deadline:
-        time.sleep(1)
+    deadline = time.monotonic() + 180
+    while not _epochs_done(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _epochs_done(run_dir), "no epoch within 180 s"
     status = kit("launch", "status", "--root", f"{tmp_path}/runs")
     assert status.stdout.splitlines()[0].split() == [
         "RUN",
@@ -203,7 +207,36 @@ def test_status_cancel_and_logs(slurm_cluster: SlurmCluster, tmp_path: Path) -> 
     assert cancelled.returncode == 0 and "cancelled Slurm job" in cancelled.stdout
     job_id = json.loads((run_dir / "run.json").read_text())["job_id"]
     assert wait_job(job_id, timeout=60, env=slurm_cluster.env) == "CANCELLED"
+    written = _kit_files(run_dir)
     assert " CANCELLED " in kit("launch", "status", str(run_dir)).stdout
+    deadline = time.monotonic() + 15
+    while _tasks_of(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _tasks_of(run_dir), "ranks still running after the cancel"
+    assert _kit_files(run_dir) == written  # nothing written after CANCELLED
+
+
+def _epochs_done(run_dir: Path) -> bool:
+    path = run_dir / "metrics" / "rank-00000.jsonl"
+    return path.is_file() and '"kind": "epoch"' in path.read_text()
+
+
+def _kit_files(run_dir: Path) -> dict[str, tuple[int, int]]:
+    """Size and change time of every file the kit writes (Slurm's own log lines left out)."""
+    files = [p for p in run_dir.rglob("*") if p.is_file() and "logs" not in p.parts]
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in files}
+
+
+def _tasks_of(run_dir: Path) -> list[str]:
+    """Processes whose command line names this run's folder: its ranks."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(run_dir) in cmdline.read_bytes().decode(errors="replace"):
+                found.append(cmdline.parent.name)
+        except OSError:
+            continue
+    return found
 
 
 def test_two_ddp_jobs_share_a_node(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
