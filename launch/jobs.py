@@ -51,7 +51,7 @@ def status(run_dir: Path) -> RunStatus:
         return RunStatus(run_dir.name, mode, backend, job_id, "NOT-SUBMITTED", "-", "-", "-")
     records = runfolder.read_rank(run_dir, 0)  # read once: state fall-back and last epoch
     found = _slurm_state(job_id) if backend == "slurm" and job_id != "-" else None
-    state, elapsed, nodes = found or _folder_state(records, meta)
+    state, elapsed, nodes = found or _folder_state(run_dir, records, meta)
     return RunStatus(
         run_dir.name, mode, backend, job_id, state, nodes, elapsed, _last_epoch(records)
     )
@@ -153,7 +153,9 @@ def _slurm_command(*args: str) -> subprocess.CompletedProcess[str] | None:
         return None
 
 
-def _folder_state(records: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, str, str]:
+def _folder_state(
+    run_dir: Path, records: list[dict[str, Any]], meta: dict[str, Any]
+) -> tuple[str, str, str]:
     """What the run folder says: the summary means done; a live local controller means running."""
     summary = next(iter(runfolder.of_kind(records, "summary")), None)
     start = next(iter(runfolder.of_kind(records, "start")), None)
@@ -165,7 +167,7 @@ def _folder_state(records: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[
         state = "COMPLETED"
     elif meta.get("cancel_requested") and not alive:
         state = "CANCELLED"
-    elif runfolder.of_kind(records, "error") and not alive:
+    elif not alive and runfolder.first_failure(run_dir):  # any rank's error, not rank 0's alone
         state = "FAILED"
     elif stop and not (meta.get("backend") == "local" and _alive(str(meta.get("job_id")))):
         state = _stopped_state(stop)

@@ -3,9 +3,15 @@ in `status` and by default in `logs`, not the peer that lost its connection to i
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import time
 from pathlib import Path
 
 from kit import REPO, SMALL, kit, run_folder
+
+from train import runfolder
 
 # Loaded by every Python process started with it on PYTHONPATH: rank 1 of a job raises in its
 # first epoch, as a bug in one rank's code would.
@@ -42,3 +48,37 @@ def test_the_rank_that_raised_is_named_and_the_run_resumes(tmp_path: Path) -> No
     resumed = kit("launch", "resume", str(run_dir), "--wait")  # the bug fixed: no hook now
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert " COMPLETED " in kit("launch", "status", str(run_dir)).stdout
+
+
+def test_a_stalled_rank_ends_the_job_in_time_and_is_named(tmp_path: Path) -> None:
+    """A rank stopped dead (SIGSTOP): the others give up after dist.timeout_s, the job ends
+    FAILED soon after, and status names the rank that stopped answering."""
+    args = [
+        "--mode",
+        "ddp",
+        "cluster.backend=local",
+        "cluster.gpus_per_node=2",
+        "dist.timeout_s=10",
+    ]
+    work = ["data.train_size=2048", "data.test_size=256", "train.epochs=50"]
+    where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
+    done = kit("launch", "submit", *args, *work, *where)
+    assert done.returncode == 0, done.stderr
+    run_dir = run_folder(done.stdout)
+    deadline = time.monotonic() + 180
+    while not runfolder.of_kind(runfolder.read_rank(run_dir, 0), "epoch"):
+        assert time.monotonic() < deadline, "no epoch within 180 s"
+        time.sleep(0.3)
+    stalled = runfolder.of_kind(runfolder.read_rank(run_dir, 1), "start")[-1]["pid"]
+    os.kill(stalled, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        while " RUNNING " in kit("launch", "status", str(run_dir)).stdout:
+            assert time.monotonic() - stopped_at < 60, "still RUNNING a minute after the stall"
+            time.sleep(1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stalled, signal.SIGKILL)
+    status = kit("launch", "status", str(run_dir)).stdout
+    assert " FAILED " in status and f"{run_dir.name}: rank 1 on " in status, status
+    assert "stopped answering" in status

@@ -14,6 +14,7 @@ import itertools
 import logging
 import os
 import platform
+import signal
 import socket
 import time
 import traceback
@@ -112,6 +113,8 @@ def _run(cfg: Config, env: distenv.DistEnv, run_dir: Path, started: float) -> di
         raise
     except BaseException as err:  # named in the run folder, so status can say which rank failed
         _record_failure(run_dir, env.rank, err)
+        if os.environ.get("SUBMITIT_EXECUTOR") == "local":
+            _end_silent_peers(run_dir, env.rank)
         raise
     finally:
         resume.ignore_stop_signals()  # the work is done or given up: a late warning changes nothing
@@ -134,6 +137,23 @@ def _record_failure(run_dir: Path, rank: int, err: BaseException) -> None:
             error=f"{type(err).__name__}: {err}"[:2000],
             traceback_tail="".join(lines)[-3000:],
         )
+
+
+SILENT_GRACE_S = 5.0  # time for the other failing ranks to record their own errors
+
+
+def _end_silent_peers(run_dir: Path, rank: int) -> None:
+    """What `srun --kill-on-bad-exit` does on Slurm, for the local backend: after a failure, end
+    this machine's ranks that went silent (stalled, say) rather than leave them to the time limit."""
+    time.sleep(SILENT_GRACE_S)
+    host = socket.gethostname()
+    for other in runfolder.rank_files(run_dir):
+        view = runfolder.read_rank(run_dir, other)
+        starts = runfolder.of_kind(view, "start")
+        if other == rank or not runfolder.went_silent(view) or starts[-1].get("host") != host:
+            continue
+        with contextlib.suppress(OSError, TypeError):
+            os.kill(int(starts[-1]["pid"]), signal.SIGKILL)
 
 
 def check_launch(cfg: Config, env: distenv.DistEnv, environ: dict[str, str] | None = None) -> None:
@@ -173,6 +193,7 @@ def _setup(cfg: Config, env: distenv.DistEnv, run_dir: Path, stops: resume.StopS
             init_method="env://",
             timeout=datetime.timedelta(seconds=cfg.dist.timeout_s),
         )
+        stops.join()
     return Context(
         cfg, env, device, gpus, run_dir, runfolder.RecordWriter(run_dir, env.rank), stops
     )
@@ -471,7 +492,7 @@ def _train_epoch(
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
-            stop = ctx.stops.agreed(ctx.device)
+            stop = ctx.stops.agreed()
             if stop:
                 progress.batches, progress.loss_sum, progress.samples = (
                     step,

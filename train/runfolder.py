@@ -233,7 +233,7 @@ def first_failure(run_dir: Path) -> dict[str, Any] | None:
     primary = [r for r in errors if not _LOST_PEER.search(str(r.get("error", "")))]
     if primary:
         return min(primary, key=lambda r: r.get("time", 0.0))
-    silent = [rank for rank, view in views.items() if _went_silent(view)]
+    silent = [rank for rank, view in views.items() if went_silent(view)]
     if silent:
         start = of_kind(views[silent[0]], "start")[-1]
         return {
@@ -254,7 +254,8 @@ _LOST_PEER = re.compile(
 )
 
 
-def _went_silent(view: list[dict[str, Any]]) -> bool:
+def went_silent(view: list[dict[str, Any]]) -> bool:
+    """A rank that started and then wrote nothing more of its end: no error, stop or summary."""
     kinds = {r.get("kind") for r in view}
     return "start" in kinds and not kinds & {"error", "summary", "stop"}
 
