@@ -196,7 +196,7 @@ def _prepare(args: argparse.Namespace) -> int:
 def _resume(args: argparse.Namespace) -> int:
     from launch.submit import follow, resume
 
-    job = resume(args.run, command=_command())
+    job = resume(args.run)
     print(f"submitted job {job.job_id}")
     print(f"run folder: {args.run}", flush=True)
     if args.wait:

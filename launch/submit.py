@@ -120,10 +120,15 @@ def make_executor(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Exec
 
 def submit(cfg: Config, command: list[str]) -> tuple[Path, submitit.Job[Any]]:
     """Check, create the run folder, then submit the training job into it."""
-    from train.job import run  # imported here: torch is only needed when a job is submitted
-
     backend = check_submission(cfg)
     run_dir = runfolder.create(cfg, launcher="launch", backend=backend.value, command=command)
+    return run_dir, _submit_into(cfg, run_dir, backend)
+
+
+def _submit_into(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Job[Any]:
+    """The training job of an existing run folder: submitted, and recorded in its run.json."""
+    from train.job import run  # imported here: torch is only needed when a job is submitted
+
     executor = make_executor(cfg, run_dir, backend)
     try:
         # submitit echoes sbatch's errors to stderr; the error below says them once.
@@ -135,7 +140,7 @@ def submit(cfg: Config, command: list[str]) -> tuple[Path, submitit.Job[Any]]:
             f"Slurm refused the job: {_scheduler_words(err)} (run folder kept: {run_dir})"
         ) from None
     _record_job(run_dir, job)
-    return run_dir, job
+    return job
 
 
 @contextlib.contextmanager
@@ -169,25 +174,20 @@ def _record_job(run_dir: Path, job: submitit.Job[Any]) -> None:
     runfolder.update_meta(run_dir, job_id=str(job.job_id), logs=logs, jobs=jobs)
 
 
-def resume(run_dir: Path, command: list[str]) -> submitit.Job[Any]:
+def resume(run_dir: Path) -> submitit.Job[Any]:
     """Submit a new job into an existing run folder; it resumes from the folder's checkpoint."""
     from launch.jobs import status
-    from train.job import run
 
     state = status(run_dir).state
     if state in ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING"):
         raise SubmitError(f"{run_dir.name} is {state}: cancel it first (`python -m launch cancel`)")
-    records = runfolder.read_rank(run_dir, 0)
-    if runfolder.of_kind(records, "summary"):
+    if runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):
         raise SubmitError(f"{run_dir.name} has finished: there is nothing to resume")
     cfg = runfolder.load_job_config(run_dir)
     backend = check_submission(cfg)
-    executor = make_executor(cfg, run_dir, backend)
-    with contextlib.redirect_stderr(io.StringIO()), _detached_output(backend):
-        job = executor.submit(run, str(run_dir))
+    # Cleared first: the new job must not take the last job's cancel as its own.
     runfolder.update_meta(run_dir, cancel_requested=None, submit_error=None, backend=backend.value)
-    _record_job(run_dir, job)
-    return job
+    return _submit_into(cfg, run_dir, backend)
 
 
 class SubmitError(KitError):
