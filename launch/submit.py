@@ -126,7 +126,7 @@ def submit(cfg: Config, command: list[str]) -> tuple[Path, submitit.Job[Any]]:
 
 
 def _submit_into(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Job[Any]:
-    """The training job of an existing run folder: submitted, and recorded in its run.json."""
+    """The training job of an existing run folder: submitted, and recorded in the folder."""
     from train.job import run  # imported here: torch is only needed when a job is submitted
 
     executor = make_executor(cfg, run_dir, backend)
