@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from train import runfolder
@@ -182,8 +182,8 @@ def _prepare(args: argparse.Namespace) -> int:
     root = runfolder.check_root(cfg.output.root)
     job_id = os.environ.get("SLURM_JOB_ID")
     # A requeued batch job runs its script again: it goes on in the folder its first run made.
-    again = os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0") and job_id
-    run_dir = runfolder.find_for_job(root, job_id) if again and job_id else None
+    restarted = os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0")
+    run_dir = runfolder.find_for_job(root, job_id) if restarted and job_id else None
     if run_dir is None:
         run_dir = runfolder.create(cfg, launcher=args.launcher, backend="slurm", command=sys.argv)
         runfolder.update_meta(run_dir, job_id=job_id)
@@ -212,27 +212,26 @@ def _status(args: argparse.Namespace) -> int:
         raise runfolder.RunFolderError(
             f"no runs under {args.root}: submit one with `python -m launch submit`"
         )
-    rows = [HEADER]
+    rows, failures = [HEADER], []
     for folder in folders:
         try:
-            rows.append(status(folder).row())
+            row = status(folder).row()
         except runfolder.RunFolderError as err:  # one bad folder does not hide the others
             if len(folders) == 1:
                 raise  # nothing else to show: an error, not a table of one unreadable row
             print(f"warning: {err}", file=sys.stderr)
             rows.append(unreadable(folder).row())
+            continue
+        rows.append(row)
+        if row[HEADER.index("STATE")] not in _GOING_WELL and (line := failure_line(folder)):
+            failures.append(line)  # only runs that went wrong: it reads every rank's records
     print(format_table(rows))
-    failures = [line for folder in folders if (line := _safe_failure(folder, failure_line))]
     for line in failures:  # the rank to look at first, under the table
         print(line)
     return 0
 
 
-def _safe_failure(folder: Path, failure_line: Callable[[Path], str | None]) -> str | None:
-    try:
-        return failure_line(folder)
-    except runfolder.RunFolderError:
-        return None
+_GOING_WELL = ("COMPLETED", "RUNNING", "PENDING")
 
 
 def _cancel(args: argparse.Namespace) -> int:

@@ -169,7 +169,7 @@ def _folder_state(
         state = "CANCELLED"
     elif not alive and runfolder.first_failure(run_dir):  # any rank's error, not rank 0's alone
         state = "FAILED"
-    elif stop and not (meta.get("backend") == "local" and _alive(str(meta.get("job_id")))):
+    elif stop and not alive:
         state = _stopped_state(stop)
     elif meta.get("backend") == "local":
         state = "RUNNING" if _alive(str(meta.get("job_id"))) else "ENDED-WITHOUT-SUMMARY"

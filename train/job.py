@@ -113,7 +113,7 @@ def _run(cfg: Config, env: distenv.DistEnv, run_dir: Path, started: float) -> di
         raise
     except BaseException as err:  # named in the run folder, so status can say which rank failed
         _record_failure(run_dir, env.rank, err)
-        if os.environ.get("SUBMITIT_EXECUTOR") == "local":
+        if os.environ.get("SUBMITIT_EXECUTOR") == "local" and env.world_size > 1:
             _end_silent_peers(run_dir, env.rank)
         raise
     finally:
@@ -367,7 +367,7 @@ def _stop(
     where = f"epoch {progress.epoch}, batch {progress.batches}"
     job_id = resume.requeue_id() if os.environ.get("SUBMITIT_EXECUTOR") != "local" else None
     if job_id is None:
-        ctx.metrics.write("stop", reason=words, epoch=progress.epoch, batches=progress.batches)
+        _write_stop(ctx, reason, progress)
         raise Stopped(
             f"stopped by {words} at {where}, checkpoint saved: continue with "
             f"`python -m launch resume {ctx.run_dir}`"
@@ -375,9 +375,7 @@ def _stop(
     if resume.restarts() >= cfg.cluster.max_requeues:
         return _out_of_requeues(ctx, reason, progress, where)
     problem = resume.request_requeue(job_id) if ctx.env.is_main else ""
-    ctx.metrics.write(
-        "stop", reason=words, epoch=progress.epoch, batches=progress.batches, requeue=job_id
-    )
+    _write_stop(ctx, reason, progress, requeue=job_id)
     if problem:
         raise LaunchError(
             f"stopped by {words} at {where} and saved, but `scontrol requeue {job_id}` failed "
@@ -390,14 +388,21 @@ def _stop(
     raise Stopped(f"job {job_id} was requeued but this process was not ended")
 
 
+def _write_stop(ctx: Context, reason: int, progress: resume.Progress, **more: Any) -> None:
+    ctx.metrics.write(
+        "stop",
+        reason=resume.REASONS[reason],
+        epoch=progress.epoch,
+        batches=progress.batches,
+        **more,
+    )
+
+
 def _out_of_requeues(
     ctx: Context, reason: int, progress: resume.Progress, where: str
 ) -> dict[str, Any]:
     limit = ctx.cfg.cluster.max_requeues
-    ctx.metrics.write(
-        "stop", reason=resume.REASONS[reason], epoch=progress.epoch, batches=progress.batches,
-        requeue=None, requeues_used=resume.restarts(),
-    )  # fmt: skip
+    _write_stop(ctx, reason, progress, requeue=None, requeues_used=resume.restarts())
     message = (
         f"stopped by {resume.REASONS[reason]} at {where}, saved; not requeued: the job was "
         f"already requeued {resume.restarts()} time(s), cluster.max_requeues={limit}. Continue "
