@@ -363,7 +363,8 @@ def _stop(
     cfg, words = ctx.cfg, resume.REASONS[reason]
     if runfolder.read_meta(ctx.run_dir).get("cancel_requested"):
         raise Stopped("cancelled by `launch cancel`: stopped without writing")
-    resume.save(ctx.run_dir, cfg, *state, progress)
+    if cfg.train.checkpoint:  # train.checkpoint=false: nothing is saved, a new attempt starts over
+        resume.save(ctx.run_dir, cfg, *state, progress)
     where = f"epoch {progress.epoch}, batch {progress.batches}"
     job_id = resume.requeue_id() if os.environ.get("SUBMITIT_EXECUTOR") != "local" else None
     if job_id is None:
