@@ -161,7 +161,7 @@ def _folder_state(
     start = next(iter(runfolder.of_kind(records, "start")), None)
     elapsed = _clock(summary["total_seconds"]) if summary else "-"
     host = str(start["host"]) if start else "-"
-    stop = next(iter(runfolder.of_kind(records, "stop")), None)
+    stop = next(reversed(runfolder.of_kind(records, "stop")), None)  # the last attempt's
     alive = meta.get("backend") == "local" and _alive(str(meta.get("job_id")))
     if summary:
         state = "COMPLETED"

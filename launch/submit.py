@@ -31,6 +31,28 @@ from train.config import (
 from train.errors import KitError
 
 
+class Training(submitit.helpers.Checkpointable):
+    """What `launch submit` hands to submitit: the training job of one run folder.
+
+    Checkpointable, so submitit's own handler requeues it: the job saves its whole state at an
+    agreed step first, and `checkpoint` resubmits the same run folder, which resumes from it.
+    """
+
+    def __call__(self, run_dir: str) -> dict[str, Any] | None:
+        from train.job import run  # imported in the job: the launcher needs no torch for this
+
+        return run(run_dir)
+
+
+class ArrayElement(Training):
+    """One element of a sweep's array (see `train.job.run_array_element`)."""
+
+    def __call__(self, run_dir: str) -> dict[str, Any] | None:
+        from train.job import run_array_element
+
+        return run_array_element(run_dir)
+
+
 def resolve_backend(name: Backend) -> Backend:
     """`auto` means Slurm where its client is installed and configured, else the local executor."""
     if name != Backend.auto:
@@ -104,7 +126,7 @@ def slurm_parameters(cfg: Config, run_name: str) -> dict[str, Any]:
 def make_executor(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Executor:
     logs = runfolder.logs_dir(run_dir)
     if backend == Backend.slurm:
-        slurm = submitit.SlurmExecutor(folder=logs, max_num_timeout=0)
+        slurm = submitit.SlurmExecutor(folder=logs, max_num_timeout=cfg.cluster.max_requeues)
         slurm.update_parameters(**slurm_parameters(cfg, run_dir.name))
         return slurm
     local = submitit.LocalExecutor(folder=logs)
@@ -127,13 +149,11 @@ def submit(cfg: Config, command: list[str]) -> tuple[Path, submitit.Job[Any]]:
 
 def _submit_into(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Job[Any]:
     """The training job of an existing run folder: submitted, and recorded in the folder."""
-    from train.job import run  # imported here: torch is only needed when a job is submitted
-
     executor = make_executor(cfg, run_dir, backend)
     try:
         # submitit echoes sbatch's errors to stderr; the error below says them once.
         with contextlib.redirect_stderr(io.StringIO()), _detached_output(backend):
-            job = executor.submit(run, str(run_dir))
+            job = executor.submit(Training(), str(run_dir))
     except (submitit.core.utils.FailedSubmissionError, submitit.core.utils.FailedJobError) as err:
         runfolder.update_meta(run_dir, submit_error=str(err))
         raise SubmitError(
@@ -297,8 +317,6 @@ echo "Submitted batch job 1"
 
 
 def _script_for(cfg: Config, run_dir: Path) -> str:
-    from train.job import run
-
     with tempfile.TemporaryDirectory(prefix="kit-dry-run-") as scratch:
         folder, bin_dir = Path(scratch) / "run", Path(scratch) / "bin"
         bin_dir.mkdir()
@@ -309,7 +327,7 @@ def _script_for(cfg: Config, run_dir: Path) -> str:
         executor.update_parameters(job_name=f"kit-{run_dir.name}")
         env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
         with _environment(env | {"KIT_DRY_RUN_SCRIPT": str(captured)}):
-            executor.submit(run, str(run_dir))
+            executor.submit(Training(), str(run_dir))
         return captured.read_text().replace(str(folder), str(run_dir))
 
 
@@ -358,19 +376,19 @@ def _local_sweep(
 def _slurm_sweep(
     cfgs: list[Config], command: list[str], parallel: int | None
 ) -> Iterator[tuple[Path, submitit.Job[Any]]]:
-    from train.job import run_array_element
-
     shape = _array_shape(cfgs)
     run_dirs = [
         runfolder.create(cfg, launcher="launch sweep", backend="slurm", command=command)
         for cfg in cfgs
     ]
     logs = runfolder.sweep_logs_dir(run_dirs[0])
-    executor = submitit.SlurmExecutor(folder=logs, max_num_timeout=0)
+    # Each element checks its own cluster.max_requeues first; submitit's count must not end it sooner.
+    most = max(c.cluster.max_requeues for c in cfgs)
+    executor = submitit.SlurmExecutor(folder=logs, max_num_timeout=most)
     executor.update_parameters(**slurm_parameters(shape, f"sweep-{run_dirs[0].name}"))
     if parallel:
         executor.update_parameters(array_parallelism=parallel)
-    jobs = executor.map_array(run_array_element, [str(d) for d in run_dirs])
+    jobs = executor.map_array(ArrayElement(), [str(d) for d in run_dirs])
     for run_dir, job in zip(run_dirs, jobs, strict=True):
         _record_job(run_dir, job)
         yield run_dir, job

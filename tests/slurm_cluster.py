@@ -166,14 +166,7 @@ def wait_job_releasing_holds(
         queued = subprocess.run(
             ["squeue", "-h", "-j", job_id, "-o", "%T|%r"], capture_output=True, text=True, env=env
         ).stdout.strip()
-        if queued.startswith("PENDING") and queued.split("|")[1] in _HELD:
-            subprocess.run(["scontrol", "release", job_id], capture_output=True, env=env)
-            subprocess.run(
-                ["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
-                capture_output=True,
-                env=env,
-            )
-            released += 1
+        released += release_hold(job_id, env, queued)
         if not queued and (state := job_state(job_id, env)) in FINAL_STATES:
             return state, released
         time.sleep(0.5)
@@ -181,3 +174,20 @@ def wait_job_releasing_holds(
 
 
 _HELD = {"BeginTime", "JobHeldAdmin", "JobHeldUser"}
+
+
+def release_hold(job_id: str, env: dict[str, str] | None = None, queued: str | None = None) -> int:
+    """Release the job if Slurm holds it (after a requeue); 1 if it did. `queued` is squeue's
+    "%T|%r" line for the job where the caller has it."""
+    env = {**os.environ, **(env or {})}
+    if queued is None:
+        queued = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%T|%r"], capture_output=True, text=True, env=env
+        ).stdout.strip()
+    if not (queued.startswith("PENDING") and queued.split("|")[1] in _HELD):
+        return 0
+    subprocess.run(["scontrol", "release", job_id], capture_output=True, env=env)
+    subprocess.run(
+        ["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True, env=env
+    )
+    return 1

@@ -7,12 +7,13 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from kit import REPO, kit, run_folder
-from slurm_cluster import SlurmCluster, wait_job_releasing_holds
+from slurm_cluster import SlurmCluster, release_hold, wait_job_releasing_holds
 
 from train import runfolder
 
@@ -92,8 +93,9 @@ def _requeued_run_checks(run_dir: Path, uninterrupted: str) -> None:
 
 @pytest.mark.slurm
 def test_submit_path_requeues_at_the_time_limit_and_resumes(
-    slurm_cluster: SlurmCluster, tmp_path: Path, uninterrupted: str
+    slurm_cluster: SlurmCluster, tmp_path: Path, uninterrupted: str, preempted: Preempted
 ) -> None:
+    """(`preempted` runs beside this test.)"""
     done = kit(
         "launch", "submit", *DDP, "cluster.backend=slurm", "cluster.timeout_min=1",
         "cluster.signal_delay_s=30", "cluster.max_requeues=20", f"output.root={tmp_path}/runs",
@@ -105,6 +107,8 @@ def test_submit_path_requeues_at_the_time_limit_and_resumes(
     assert state == "COMPLETED" and released >= 1, (state, released)
     _requeued_run_checks(run_dir, uninterrupted)
     assert " COMPLETED " in kit("launch", "status", str(run_dir)).stdout
+    rank0 = "".join(p.read_text() for p in runfolder.log_files(run_dir, 0))
+    assert "Requeued job" in rank0  # by submitit's own checkpoint-and-requeue handler
 
 
 @pytest.mark.slurm
@@ -134,3 +138,75 @@ def test_sbatch_path_saves_and_requeues_on_the_warning_signal(
     (run_dir,) = runfolder.find_runs(runs)  # the requeued script found its folder
     _requeued_run_checks(run_dir, uninterrupted)
     assert json.loads((run_dir / "run.json").read_text())["job_id"] == job_id
+
+
+class Preempted:
+    """A job preempted from outside (`scontrol requeue`, as Slurm's requeue-mode preemption does)
+    and then warned of its time limit with no requeue left. Runs in a thread beside the other
+    tests: most of it is the wait for the 1-minute limit, in which nothing computes."""
+
+    def __init__(self, cluster: SlurmCluster, tmp: Path) -> None:
+        self.cluster, self.tmp = cluster, tmp
+        self.run_dir, self.state, self.released = Path(), "", 0
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._scenario, daemon=True)
+        self.thread.start()
+
+    def _scenario(self) -> None:
+        try:
+            self._steps()
+        except BaseException as err:  # re-raised in the test that reads the outcome
+            self.error = err
+
+    def _steps(self) -> None:
+        done = kit(
+            "launch", "submit", *DDP, "data.train_size=1024", "train.epochs=60",
+            "cluster.backend=slurm", "cluster.timeout_min=1", "cluster.max_requeues=1",
+            f"output.root={self.tmp}/runs", f"data.root={self.tmp}/data",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        self.run_dir, job_id = run_folder(done.stdout), done.stdout.split()[2]
+        _wait_for(lambda: self._epochs_of_attempt(1), 300, "attempt 1's first epoch")
+        self.cluster.run("scontrol", "requeue", job_id)
+        deadline = time.monotonic() + 300
+        while not self._epochs_of_attempt(2):
+            assert time.monotonic() < deadline, "attempt 2 never trained"
+            self.released += release_hold(job_id, self.cluster.env)
+            time.sleep(0.5)
+        self.cluster.run("scancel", "--signal=USR2", job_id)  # the limit's warning, early
+        self.state, more = wait_job_releasing_holds(job_id, 300, self.cluster.env)
+        self.released += more
+
+    def _epochs_of_attempt(self, attempt: int) -> bool:
+        path = runfolder.metrics_path(self.run_dir, 0)
+        raw = runfolder.read_records(path)[0] if path.is_file() else []
+        kinds = [r["kind"] for r in raw]
+        return kinds.count("start") == attempt and kinds[-1] == "epoch"
+
+    def outcome(self) -> Preempted:
+        self.thread.join(600)
+        if self.error:
+            raise self.error
+        return self
+
+
+@pytest.fixture(scope="module")
+def preempted(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Preempted:
+    return Preempted(slurm_cluster, tmp_path_factory.mktemp("preempted"))
+
+
+@pytest.mark.slurm
+def test_preempted_run_resumes_then_out_of_requeues_ends_as_timeout(preempted: Preempted) -> None:
+    run = preempted.outcome()
+    assert run.state == "TIMEOUT" and run.released >= 1, (run.state, run.released)
+    raw = runfolder.read_records(runfolder.metrics_path(run.run_dir, 0))[0]
+    _, second = runfolder.of_kind(raw, "start")
+    assert second["first_epoch"] > 1 or second["resumed_at_batch"] > 0  # resumed, not restarted
+    assert second["restarts"] == 1
+    epochs = [e["epoch"] for e in runfolder.of_kind(runfolder.read_rank(run.run_dir, 0), "epoch")]
+    assert epochs == list(range(1, len(epochs) + 1))  # each epoch once
+    stop = runfolder.of_kind(runfolder.read_rank(run.run_dir, 0), "stop")[-1]
+    assert stop["requeues_used"] == 1 and stop["reason"].startswith("time limit")
+    rank0 = "".join(p.read_text() for p in runfolder.log_files(run.run_dir, 0))
+    assert "not requeued" in rank0 and "cluster.max_requeues=1" in rank0
+    assert " TIMEOUT " in kit("launch", "status", str(run.run_dir)).stdout

@@ -72,3 +72,45 @@ def test_atomic_file_keeps_the_old_file_when_writing_fails(tmp_path: Path) -> No
         partial.write_text("half")
         raise RuntimeError("killed mid-write")
     assert target.read_text() == "old" and list(tmp_path.iterdir()) == [target]
+
+
+@pytest.mark.parametrize(
+    ("written", "expected"),
+    [
+        ([("summary", {"total_seconds": 5})], "COMPLETED"),
+        ([("error", {"error": "RuntimeError: boom"})], "FAILED"),
+        ([("stop", {"reason": "time limit (SIGUSR2)", "requeue": "7"})], "REQUEUED"),
+        (
+            [("stop", {"reason": "time limit (SIGUSR2)", "requeue": None, "requeues_used": 3})],
+            "TIMEOUT",
+        ),
+        ([("stop", {"reason": "preemption (SIGTERM)", "requeue": None})], "STOPPED"),
+        (  # the last attempt's stop record counts, not the first
+            [
+                ("stop", {"reason": "time limit (SIGUSR2)", "requeue": "7"}),
+                ("stop", {"reason": "time limit (SIGUSR2)", "requeue": None, "requeues_used": 1}),
+            ],
+            "TIMEOUT",
+        ),
+        ([], "CANCELLED"),
+    ],
+)
+def test_status_without_slurm_reads_the_state_from_the_run_folder(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    written: list[tuple[str, dict[str, object]]],
+    expected: str,
+) -> None:
+    """A cluster without accounting (and a job gone from the queue): `sacct` and `squeue` are not
+    found here at all, so only what the job wrote can tell the states apart."""
+    from launch.jobs import status
+
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
+    cfg = load_config(overrides=[f"output.root={tmp_path}/runs"])
+    run_dir = runfolder.create(cfg, launcher="test", backend="slurm", command=[])
+    runfolder.update_meta(run_dir, job_id="4242", cancel_requested=not written or None)
+    ranks = runfolder.RecordWriter(run_dir, 0)
+    ranks.write("start", host="node1", epochs=10, first_epoch=1)
+    for kind, fields in written:
+        ranks.write(kind, **fields)
+    assert status(run_dir).state == expected

@@ -375,11 +375,13 @@ def _stop(
         )
     if resume.restarts() >= cfg.cluster.max_requeues:
         return _out_of_requeues(ctx, reason, progress, where)
-    problem = resume.request_requeue(job_id) if ctx.env.is_main else ""
+    if reason == resume.PREEMPTED:
+        _leave_to_slurm_if_ending(ctx, reason, progress, job_id, where)
+    problem = _requeue(ctx, job_id) if ctx.env.is_main else ""
     _write_stop(ctx, reason, progress, requeue=job_id)
     if problem:
         raise LaunchError(
-            f"stopped by {words} at {where} and saved, but `scontrol requeue {job_id}` failed "
+            f"stopped by {words} at {where} and saved, but the requeue of job {job_id} failed "
             f"({problem}): continue with `python -m launch resume {ctx.run_dir}`"
         )
     log.info(
@@ -387,6 +389,29 @@ def _stop(
     )
     resume.wait_for_slurm(600)  # Slurm ends this process as it requeues the job
     raise Stopped(f"job {job_id} was requeued but this process was not ended")
+
+
+def _requeue(ctx: Context, job_id: str) -> str:
+    """submitit's own checkpoint-and-requeue where submitit started the job, else `scontrol`."""
+    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+        return ctx.stops.requeue_through_submitit()
+    return resume.request_requeue(job_id)
+
+
+def _leave_to_slurm_if_ending(
+    ctx: Context, reason: int, progress: resume.Progress, job_id: str, where: str
+) -> None:
+    """SIGTERM comes from Slurm ending the job itself (`scancel`, `scontrol requeue`, preemption)
+    or from elsewhere. Where Slurm is ending it, the kit only saves: Slurm requeues it or not (a
+    requeue of a cancelled job would bring it back), and the saved state serves either way."""
+    state = resume.slurm_state(job_id)
+    if state in ("", "RUNNING"):
+        return
+    _write_stop(ctx, reason, progress, requeue=None, slurm_state=state)
+    log.info("rank %d: SIGTERM at %s, saved; Slurm is ending job %s (%s)", ctx.env.rank, where,
+             job_id, state)  # fmt: skip
+    resume.wait_for_slurm(600)
+    raise Stopped(f"stopped by SIGTERM at {where}, saved; Slurm ended job {job_id} ({state})")
 
 
 def _write_stop(ctx: Context, reason: int, progress: resume.Progress, **more: Any) -> None:

@@ -2,9 +2,10 @@
 
 On the warning signal before the time limit (SIGUSR2) or on SIGTERM (preemption), a handler only
 sets a flag. The loop asks all ranks at the next optimizer step whether any saw one (one small
-all-reduce), so every rank stops after the same step; rank 0 then writes the checkpoint and asks
-Slurm to requeue the job, and the restarted job resumes from the checkpoint by itself. Saving inside
-a signal handler can hang a collective, and a handler on rank 0 alone leaves the others running.
+all-reduce), so every rank stops after the same step; rank 0 then writes the checkpoint and the job
+is requeued (through submitit's own handler on the submitit path, `scontrol requeue` on the sbatch
+path); the restarted job resumes from the checkpoint by itself. Saving inside a signal handler can
+hang a collective, and a handler on rank 0 alone leaves the others running.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ class StopSignals:
     def __init__(self) -> None:
         self.seen = NONE
         self.group: Any = None  # the process group the flag travels on: a CPU (gloo) one
-        for signum in _SIGNALS:
-            signal.signal(signum, self._handle)
+        # Under submitit these are its handlers: the loop hands the requeue back to them.
+        self.before = {signum: signal.signal(signum, self._handle) for signum in _SIGNALS}
 
     def join(self) -> None:
         """Once the process group exists: a gloo group of all ranks for the flag, so asking at
@@ -73,6 +74,22 @@ class StopSignals:
         flag = torch.tensor([self.seen])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return int(flag.item())
+
+    def requeue_through_submitit(self) -> str:
+        """submitit's own checkpoint-and-requeue, on rank 0 once the state is saved: its handler
+        calls the submitted Checkpointable's `checkpoint` (a resubmission of the same run
+        folder), stores it for the restart and runs `scontrol requeue`, then raises SystemExit,
+        which is ours to take. '' on success, else why the job was not requeued."""
+        handler = self.before.get(signal.SIGUSR2)
+        if not callable(handler):
+            return "submitit's signal handler is not installed in this process"
+        try:
+            handler(signal.SIGUSR2, None)
+        except SystemExit:
+            return ""
+        except Exception as err:  # `scontrol requeue` failed, or submitit declined to requeue
+            return str(err) or type(err).__name__
+        return "submitit did not requeue the job"
 
 
 def ignore_stop_signals() -> None:
@@ -176,6 +193,17 @@ def request_requeue(job_id: str) -> str:
     except (OSError, subprocess.TimeoutExpired) as err:
         return str(err)
     return "" if done.returncode == 0 else (done.stderr or done.stdout).strip()
+
+
+def slurm_state(job_id: str) -> str:
+    """The job's state as Slurm sees it now ('' where squeue cannot tell)."""
+    try:
+        done = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip().split("\n")[0] if done.returncode == 0 else ""
 
 
 def wait_for_slurm(seconds: float) -> None:
