@@ -114,3 +114,32 @@ def test_status_without_slurm_reads_the_state_from_the_run_folder(
     for kind, fields in written:
         ranks.write(kind, **fields)
     assert status(run_dir).state == expected
+
+
+@pytest.mark.parametrize(
+    ("errors", "named", "words"),
+    [
+        ({1: "RuntimeError: bug", 0: "RuntimeError: Connection closed by peer"}, 1, "bug"),
+        ({0: "RuntimeError: Timed out waiting 10000ms for recv"}, 1, "stopped answering"),
+        (  # woken by Slurm to be ended, the stalled rank then loses its peers, but never waited
+            {
+                0: "RuntimeError: Timed out waiting 10000ms for recv",
+                2: "RuntimeError: Timed out waiting 10000ms for recv",
+                1: "RuntimeError: Connection reset by peer",
+            },
+            1,
+            "stopped answering",
+        ),
+    ],
+)
+def test_the_rank_that_failed_first_is_named(
+    tmp_path: Path, errors: dict[int, str], named: int, words: str
+) -> None:
+    cfg = load_config(overrides=[f"output.root={tmp_path}/runs"])
+    run_dir = runfolder.create(cfg, launcher="test", backend="slurm", command=[])
+    for rank in range(3):
+        runfolder.RecordWriter(run_dir, rank).write("start", host=f"node{rank}", epochs=5)
+    for rank, error in errors.items():  # in order of time
+        runfolder.RecordWriter(run_dir, rank).write("error", host=f"node{rank}", error=error)
+    first = runfolder.first_failure(run_dir)
+    assert first is not None and first["rank"] == named and words in first["error"]

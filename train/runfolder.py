@@ -233,7 +233,12 @@ def first_failure(run_dir: Path) -> dict[str, Any] | None:
     primary = [r for r in errors if not _LOST_PEER.search(str(r.get("error", "")))]
     if primary:
         return min(primary, key=lambda r: r.get("time", 0.0))
-    silent = [rank for rank, view in views.items() if went_silent(view)]
+    silent = [rank for rank, view in sorted(views.items()) if went_silent(view)]
+    # A stalled rank that Slurm wakes to end it (SIGCONT, SIGTERM) writes an error of its own,
+    # but never a timeout: the timeouts are the ranks that waited for it.
+    waited = {r.get("rank") for r in errors if _WAITED.search(str(r.get("error", "")))}
+    woken = [rank for rank, view in sorted(views.items()) if waited and rank not in waited]
+    silent = silent or [rank for rank in woken if of_kind(views[rank], "start")]
     if silent:
         start = of_kind(views[silent[0]], "start")[-1]
         return {
@@ -252,6 +257,9 @@ _LOST_PEER = re.compile(
     r"communicator was aborted|connection refused",
     re.IGNORECASE,
 )
+
+
+_WAITED = re.compile(r"timed out|timeout", re.IGNORECASE)
 
 
 def went_silent(view: list[dict[str, Any]]) -> bool:
