@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(PY) -m analysis summarize $(DEMO_ROOT) --plot $(DEMO_ROOT)/comparison.png
 
 test: $(STAMP) slurm-packages lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadgroup
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -119,7 +119,26 @@ SETTINGS: dict[str, Callable[[Config, dict[str, Any]], Any]] = {
     "test_samples": lambda cfg, start: start["test_samples"],
     "nodes": lambda cfg, start: cfg.cluster.nodes,
     "gpus_per_node": lambda cfg, start: cfg.cluster.gpus_per_node,
+    "speed_options": lambda cfg, start: speed_options(cfg),
 }
+
+
+def speed_options(cfg: Config) -> str:
+    """The speed settings a run turned on, in words ('none': the plain path)."""
+    chosen = [
+        name
+        for name, on in (
+            ("data on device", cfg.data.on_device),
+            ("channels_last", cfg.train.channels_last),
+            ("cudnn benchmark", cfg.train.cudnn_benchmark),
+            ("compile", cfg.train.compile),
+            ("CUDA graph", cfg.train.cuda_graph),
+        )
+        if on
+    ]
+    return ", ".join(chosen) or "none"
+
+
 HARDWARE = ("device_name", "gpus", "torch")  # from the start records; gpus: all GPUs the job drove
 
 

@@ -121,7 +121,8 @@ def heading(group: Group) -> str:
         f"Group {group.number}: {k['dataset']} {k['train_samples']} train / {k['test_samples']} test, "
         f"{k['model']}, global batch {k['global_batch']}, {k['epochs']} epochs, "
         f"grad accum {k['grad_accum_steps']}, {k['precision']}, "
-        f"{k['nodes']} node(s) × {k['gpus_per_node']} GPUs/node | "
+        f"{k['nodes']} node(s) × {k['gpus_per_node']} GPUs/node, "
+        f"speed options: {k['speed_options']} | "
         f"hardware: {k['device_name']}, {gpus}, torch {k['torch']}"
     )
 

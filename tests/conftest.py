@@ -66,3 +66,11 @@ def _slurm_for_marked_tests(request: pytest.FixtureRequest) -> None:
     ask for the fixture by name."""
     if request.node.get_closest_marker("slurm") is not None:
         request.getfixturevalue("slurm_cluster")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under `pytest -n 2 --dist loadgroup` (`make test`): every Slurm test runs in one worker,
+    one after another on the one test cluster, while the other worker runs the rest."""
+    for item in items:
+        if item.get_closest_marker("slurm") is not None:
+            item.add_marker(pytest.mark.xdist_group("slurm"))

@@ -94,6 +94,36 @@ CASES = [
         SUBMIT_ONLY,
         skip="" if NO_CUDA else "this machine has CUDA",
     ),
+    *[
+        Case(
+            f"{key} on CPU",
+            (f"{key}=true",),
+            (f"{key}=true needs a CUDA GPU and none is visible: drop it",),
+            SUBMIT_ONLY,
+            skip="" if NO_CUDA else "this machine has CUDA",
+        )
+        for key in ("train.compile", "train.cuda_graph", "data.on_device")
+    ],
+    *[
+        Case(
+            f"{key} with DP",
+            (f"{key}=true",),
+            (f"{key}=true does not apply to DataParallel", "use --mode ddp, or drop it"),
+            mode=("--mode", "dp"),
+        )
+        for key in ("train.compile", "train.cuda_graph")
+    ],
+    Case(
+        "cudnn_benchmark with DP",
+        ("train.cudnn_benchmark=true",),
+        ("train.cudnn_benchmark=true with DataParallel ran 15× slower", "drop it for DP"),
+        mode=("--mode", "dp"),
+    ),
+    Case(
+        "cuda_graph with fp16",
+        ("train.cuda_graph=true", "train.precision=fp16"),
+        ("cannot capture fp16's gradient scaler", "use train.precision=bf16"),
+    ),
     Case(
         "nccl on CPU",
         ("dist.backend=nccl",),

@@ -39,7 +39,7 @@ def test_nested_lists_and_free_sbatch_options() -> None:
     [
         (
             ["train.epoch=3"],
-            "unknown setting 'train.epoch'. Did you mean 'epochs'? Valid keys here: checkpoint, epochs,",
+            "unknown setting 'train.epoch'. Did you mean 'epochs'? Valid keys here: channels_last, checkpoint, compile, cuda_graph, cudnn_benchmark, epochs,",
         ),
         (["trian.epochs=3"], "Did you mean 'train'?"),
         (["train.epochs=three"], "'train.epochs' has the wrong type"),

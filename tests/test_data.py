@@ -88,3 +88,26 @@ def test_metrics_reader_skips_what_it_cannot_read(tmp_path: Path) -> None:
     assert [p.split(": ", 1)[1] for p in problems] == [
         "unreadable line skipped (cut short by a killed job?)"
     ] * 2
+
+
+def test_batch_loaders_give_what_per_sample_collation_gave(tmp_path: Path) -> None:
+    """The host loader (whole batches by index) and the device loader (here on the CPU) serve
+    exactly the batches a DataLoader collating sample by sample serves, in its order."""
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from train import data, loaders
+
+    folder = prepare_synthetic(tmp_path / "digits", seed=3, train_size=300, test_size=10)
+    images, labels = data.load_raw(folder, "synthetic", train=True)
+    reference = TensorDataset(data.normalise(images), labels)
+    for rank in (0, 1):
+        sampler = DistributedSampler(reference, 2, rank, shuffle=True, seed=3)
+        sampler.set_epoch(4)
+        expected = list(DataLoader(reference, batch_size=64, sampler=sampler))
+        host = loaders.host_loader(data.normalise(images), labels, sampler, 64, 0, False, 3)
+        device = loaders.DeviceLoader(images, labels, sampler, 64, torch.device("cpu"))
+        for served in (list(host), list(device)):
+            assert len(served) == len(expected) == 3  # 150 per rank: 64, 64, 22
+            for (x, y), (ex, ey) in zip(served, expected, strict=True):
+                assert torch.equal(x, ex) and torch.equal(y, ey)

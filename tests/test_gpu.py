@@ -57,8 +57,8 @@ def _submit(tmp_path: Path, *args: str) -> Path:
     done = kit(
         "launch",
         "submit",
-        *args,
         *SMALL,
+        *args,  # after SMALL: a test's own settings win
         "cluster.backend=local",
         f"cluster.gpus_per_node={gpus}",
         f"output.root={tmp_path}/runs",
@@ -101,3 +101,25 @@ def test_largest_batch_search_recovers_from_oom(tmp_path: Path) -> None:
     assert (failed - summary["largest_global_batch"]) / summary[
         "largest_global_batch"
     ] <= 0.05 + 1e-9
+
+
+FAST = ["data.on_device=true", "train.precision=bf16", "train.channels_last=true"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param(["train.cuda_graph=true"], id="graph"),
+        pytest.param(["train.cuda_graph=true", "train.grad_accum_steps=2"], id="graph-accum2"),
+        pytest.param(["train.compile=true"], id="compile"),
+    ],
+)
+def test_speed_options_keep_ranks_equal_and_learn(tmp_path: Path, options: list[str]) -> None:
+    """The captured step does DDP's work itself: every rank must end with the same parameters,
+    and the run must learn."""
+    more = ["data.train_size=16384", "train.epochs=3"]  # past warm-up and capture: 96 steps
+    run_dir = _submit(tmp_path, "--mode", "ddp", *FAST, *options, *more)
+    ranks = range(torch.cuda.device_count())
+    summaries = [records(run_dir, rank)[-1] for rank in ranks]
+    assert len({s["parameters_sha256"] for s in summaries}) == 1
+    assert summaries[0]["final_test_accuracy"] > 0.5  # chance is 0.1

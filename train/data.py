@@ -223,15 +223,23 @@ def fetch_mnist(root: Path) -> Path:
 
 
 def load_split(folder: Path, dataset: str, train: bool) -> torch.utils.data.TensorDataset:
-    """Read one split through torchvision's MNIST reader and normalise it once, up front.
-
-    Normalising the whole tensor once equals torchvision's per-sample ToTensor+Normalize, without
-    a PIL round trip per image.
-    """
+    """One split, normalised once up front: equal to torchvision's per-sample ToTensor+Normalize,
+    without a PIL round trip per image."""
     import torch
+
+    images, labels = load_raw(folder, dataset, train)
+    return torch.utils.data.TensorDataset(normalise(images), labels)
+
+
+def load_raw(folder: Path, dataset: str, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One split as torchvision's MNIST reader gives it: uint8 images (N, 1, 28, 28), int64 labels."""
     from torchvision.datasets import MNIST
 
     verify(folder, dataset)
     split = MNIST(str(folder), train=train, download=False)
-    images = (split.data.unsqueeze(1).float() / 255 - MEAN) / STD
-    return torch.utils.data.TensorDataset(images, split.targets.long())
+    return split.data.unsqueeze(1), split.targets.long()
+
+
+def normalise(images: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels → MNIST-normalised float32, the same arithmetic on any device."""
+    return (images.float() / 255 - MEAN) / STD

@@ -19,7 +19,7 @@ import socket
 import time
 import traceback
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
+from torch.utils.data import DistributedSampler, TensorDataset
 
-from train import data, distenv, resume, runfolder
+from train import data, distenv, loaders, resume, runfolder, steps
 from train.config import (
     Config,
     Mode,
@@ -139,6 +139,7 @@ def _record_failure(run_dir: Path, rank: int, err: BaseException) -> None:
         )
 
 
+STOP_CHECK_EVERY = 8  # optimizer steps between two questions about a stop signal
 SILENT_GRACE_S = 5.0  # time for the other failing ranks to record their own errors
 
 
@@ -182,6 +183,7 @@ def check_launch(cfg: Config, env: distenv.DistEnv, environ: dict[str, str] | No
 def _setup(cfg: Config, env: distenv.DistEnv, run_dir: Path, stops: resume.StopSignals) -> Context:
     device, gpus = _pick_device(cfg, env)
     torch.set_num_threads(_cpu_threads(cfg, env))
+    torch.backends.cudnn.benchmark = cfg.train.cudnn_benchmark
     # The same initial weights everywhere (DDP broadcasts rank 0's anyway).
     torch.manual_seed(cfg.train.seed)
     if cfg.mode == Mode.ddp:
@@ -224,23 +226,32 @@ def _dist_backend(cfg: Config) -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def _load_data(ctx: Context) -> tuple[TensorDataset, TensorDataset]:
+def _load_data(ctx: Context) -> tuple[loaders.Batch, loaders.Batch]:
+    """(uint8 images, labels) of the training and the test split."""
     d, t = ctx.cfg.data, ctx.cfg.train
     folder = data.dataset_dir(d.dataset, d.root, t.seed, d.train_size, d.test_size)
     if d.dataset == "synthetic" and ctx.env.local_rank == 0:
         data.prepare_synthetic(folder, t.seed, d.train_size, d.test_size)
     if dist.is_initialized():
         dist.barrier()  # the other ranks of a node wait for its copy to be written
-    return data.load_split(folder, d.dataset, train=True), data.load_split(
+    return data.load_raw(folder, d.dataset, train=True), data.load_raw(
         folder, d.dataset, train=False
     )
 
 
 def _wrap(ctx: Context, model: nn.Module) -> nn.Module:
+    """DP or DDP around the bare model; the bare model itself where the kit's captured step
+    does DDP's work (train.cuda_graph); compiled on top where train.compile asks."""
+    t = ctx.cfg.train
+    if t.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     if ctx.cfg.mode == Mode.dp:  # without GPUs DataParallel runs the bare module
         return nn.DataParallel(model, device_ids=list(range(ctx.gpus)) or None)
+    if t.cuda_graph:  # compiled code is captured like any other (the capture replaces compile's)
+        return typing.cast(nn.Module, torch.compile(model)) if t.compile else model
     ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    wrapped = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    return typing.cast(nn.Module, torch.compile(wrapped)) if t.compile else wrapped
 
 
 def _model_and_optimizer(ctx: Context) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -249,26 +260,46 @@ def _model_and_optimizer(ctx: Context) -> tuple[nn.Module, torch.optim.Optimizer
     return model, torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum)
 
 
+def _bare(model: nn.Module) -> nn.Module:
+    """The model inside its wrappers (compile's, then DP's or DDP's)."""
+    model = getattr(model, "_orig_mod", model)
+    return typing.cast(nn.Module, getattr(model, "module", model))
+
+
+def _step(ctx: Context, model: nn.Module, optimizer: Any, scaler: Any) -> Any:
+    t = ctx.cfg.train
+    if t.cuda_graph:
+        cast = steps.autocast(ctx.device, t.precision.value, cache=False)
+        return steps.GraphStep(
+            model, optimizer, per_rank_batch(ctx.cfg), t.grad_accum_steps, cast, t.channels_last
+        )
+    cast = steps.autocast(ctx.device, t.precision.value)
+    return steps.EagerStep(model, optimizer, scaler, t.grad_accum_steps, cast, t.channels_last)
+
+
 def _train(ctx: Context, started: float) -> dict[str, Any]:
     cfg, env = ctx.cfg, ctx.env
-    train_set, test_set = _load_data(ctx)
+    (train_images, train_labels), (test_images, test_labels) = _load_data(ctx)
     sampler: DistributedSampler[Any] = DistributedSampler(
-        train_set, env.world_size, env.rank, shuffle=True, seed=cfg.train.seed
+        TensorDataset(train_labels), env.world_size, env.rank, shuffle=True, seed=cfg.train.seed
     )
     batches = _ResumeSampler(sampler)
-    loader = _loader(ctx, train_set, per_rank_batch(cfg), batches)
+    batch = per_rank_batch(cfg)
+    loader = loaders.loader(train_images, train_labels, batches, batch, ctx.device, cfg)
     # Evaluation takes the training batch, so no phase needs more memory per card than training.
-    test_shard = Subset(test_set, range(env.rank, len(test_set), env.world_size))
-    test_loader = _loader(ctx, test_shard, per_rank_batch(cfg) * cfg.train.grad_accum_steps)
+    test_shard = range(env.rank, len(test_labels), env.world_size)
+    eval_batch = batch * cfg.train.grad_accum_steps
+    test_loader = loaders.loader(test_images, test_labels, test_shard, eval_batch, ctx.device, cfg)
     model, optimizer = _model_and_optimizer(ctx)
-    raw_model = typing.cast(nn.Module, model.module)  # the bare model inside DP/DDP
+    raw_model = _bare(model)
     scaler = torch.amp.GradScaler(enabled=cfg.train.precision == Precision.fp16)
     torch.manual_seed(cfg.train.seed + env.rank)  # different dropout masks per rank
     progress = _restore(ctx, raw_model, optimizer, scaler)
+    step = _step(ctx, model, optimizer, scaler)
     gpus = GpuSampler(_driven_gpus(ctx))
     ctx.metrics.write(
         "start",
-        **_start_record(ctx, len(train_set), len(test_set)),
+        **_start_record(ctx, len(train_labels), len(test_labels)),
         startup_s=time.time() - started,
         first_epoch=progress.epoch,
         resumed_at_batch=progress.batches,
@@ -279,7 +310,7 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
         sampler.set_epoch(progress.epoch)  # a new shuffle each epoch, the same on every rank
         batches.skip = progress.batches * per_rank_batch(cfg)
         gpus.resume()
-        figures, stop = _train_epoch(ctx, model, loader, optimizer, scaler, progress)
+        figures, stop = _train_epoch(ctx, model, loader, step, progress)
         gpus.pause()
         if stop:
             return _stop(ctx, stop, progress, (raw_model, optimizer, scaler))
@@ -328,7 +359,7 @@ def _end_epoch(
     ctx: Context,
     model: nn.Module,
     raw_model: nn.Module,
-    test_loader: DataLoader,
+    test_loader: Iterable[loaders.Batch],
     progress: resume.Progress,
     figures: dict[str, Any],
 ) -> dict[str, Any]:
@@ -463,34 +494,11 @@ def _largest_batch(ctx: Context, started: float) -> dict[str, Any]:
     )
 
 
-def _loader(ctx: Context, dataset: Any, batch: int, sampler: Any = None) -> DataLoader:
-    workers = ctx.cfg.data.num_workers
-    return DataLoader(
-        dataset,
-        batch_size=batch,
-        sampler=sampler,
-        num_workers=workers,
-        pin_memory=ctx.cfg.data.pin_memory and ctx.device.type == "cuda",
-        persistent_workers=workers > 0,
-        # Its own generator: starting an epoch must not draw from the global RNG, or a resumed
-        # run's dropout masks would differ from an uninterrupted run's.
-        generator=torch.Generator().manual_seed(ctx.cfg.train.seed),
-    )
-
-
-def _autocast(ctx: Context) -> contextlib.AbstractContextManager[Any]:
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(ctx.cfg.train.precision.value)
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(ctx.device.type, dtype=dtype)
-
-
 def _train_epoch(
     ctx: Context,
     model: nn.Module,
-    loader: DataLoader,
-    optimizer: Any,
-    scaler: Any,
+    loader: loaders.Loader,
+    step: steps.EagerStep | steps.GraphStep,
     progress: resume.Progress,
 ) -> tuple[dict[str, Any], int]:
     """This rank's shard of the epoch from `progress.batches` on: its time, samples, mean loss
@@ -507,26 +515,20 @@ def _train_epoch(
     clock = StepClock(ctx.device)
     _synchronize(ctx)
     start = time.perf_counter()
-    for step, (x, y) in enumerate(loader, start=progress.batches + 1):
+    for number, (x, y) in enumerate(loader, start=progress.batches + 1):
         clock.mark()
         x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-        last_micro = step % accum == 0 or step == total
-        # DDP all-reduces gradients only on the last micro-step of an accumulation group.
-        skip_sync = isinstance(model, nn.parallel.DistributedDataParallel) and not last_micro
-        with model.no_sync() if skip_sync else contextlib.nullcontext():  # type: ignore[operator]
-            with _autocast(ctx):
-                loss = F.cross_entropy(model(x), y)
-            scaler.scale(loss / accum).backward()
-        loss_sum += loss.detach() * len(y)
+        last_micro = number % accum == 0 or number == total
+        loss_sum += step.micro(x, y, last_micro) * len(y)
         samples += len(y)
         if last_micro:
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            stop = ctx.stops.agreed()
+            step.update()
+            # All ranks ask at the same steps; every few steps keeps the host's share small.
+            ask = (number // accum) % STOP_CHECK_EVERY == 0 or number == total
+            stop = ctx.stops.agreed() if ask else resume.NONE
             if stop:
                 progress.batches, progress.loss_sum, progress.samples = (
-                    step,
+                    number,
                     loss_sum.item(),
                     samples,
                 )
@@ -553,13 +555,15 @@ def _driven_gpus(ctx: Context) -> list[int]:
 
 
 @torch.no_grad()
-def _evaluate(ctx: Context, model: nn.Module, loader: DataLoader) -> tuple[float, float]:
+def _evaluate(
+    ctx: Context, model: nn.Module, loader: Iterable[loaders.Batch]
+) -> tuple[float, float]:
     """Loss and accuracy over the whole test split: each rank scores its shard, then all sum."""
     model.eval()
     totals = torch.zeros(3, device=ctx.device, dtype=torch.float64)
     for x, y in loader:
         x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-        with _autocast(ctx):
+        with steps.autocast(ctx.device, ctx.cfg.train.precision.value)():
             logits = model(x)
         totals[0] += F.cross_entropy(logits.float(), y, reduction="sum")
         totals[1] += (logits.argmax(1) == y).sum()
