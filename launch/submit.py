@@ -6,6 +6,7 @@ import contextlib
 import io
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -166,12 +167,18 @@ def _submit_into(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Job[A
 @contextlib.contextmanager
 def _detached_output(backend: Backend) -> Iterator[None]:
     """The local controller inherits stdout/stderr at its start: give it /dev/null, so a caller
-    reading our output through a pipe is not held open until the job ends (tasks log to files)."""
+    reading our output through a pipe is not held open until the job ends (tasks log to files).
+    It also inherits ignored signals: SIGINT, which cancels it, is made heard."""
     if backend != Backend.local:
         yield
         return
     sys.stdout.flush()
     sys.stderr.flush()
+    # Started from a shell's background (`launch submit … &` in a script), this process ignores
+    # SIGINT, and the controller would inherit that and never hear `launch cancel`.
+    with contextlib.suppress(ValueError):  # not the main thread: leave the signals alone
+        if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     saved = [os.dup(1), os.dup(2)]
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:

@@ -230,6 +230,8 @@ def _submit_without_pipes(tmp: Path, *args: str) -> subprocess.CompletedProcess[
             stdout=out,
             stderr=subprocess.STDOUT,
             timeout=120,
+            # As a script's `launch submit … &` starts: with SIGINT ignored.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )
     return subprocess.CompletedProcess(done.args, done.returncode, log.read_text(), "")
 
