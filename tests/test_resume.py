@@ -57,7 +57,7 @@ def _wait_for(condition: object, timeout: float, what: str) -> None:
         time.sleep(0.3)
 
 
-def test_local_stop_then_resume_ends_as_if_never_stopped(
+def test_local_stop_cancel_and_resumes_end_as_if_never_stopped(
     tmp_path: Path, uninterrupted: str
 ) -> None:
     where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
@@ -74,6 +74,13 @@ def test_local_stop_then_resume_ends_as_if_never_stopped(
     stop = runfolder.of_kind(runfolder.read_rank(run_dir, 0), "stop")[-1]
     assert stop["reason"].startswith("time limit") and runfolder.state_path(run_dir).is_file()
 
+    # Resumed, then cancelled in the middle of an epoch, then resumed again.
+    raw = lambda: runfolder.read_records(runfolder.metrics_path(run_dir, 0))[0]  # noqa: E731
+    assert kit("launch", "resume", str(run_dir)).returncode == 0
+    _wait_for(lambda: [r["kind"] for r in raw()][-1] == "epoch" and _attempts(run_dir) == 2, 180,
+              "an epoch of the second attempt")  # fmt: skip
+    assert kit("launch", "cancel", str(run_dir)).returncode == 0
+    _wait_for(lambda: " CANCELLED " in kit("launch", "status", str(run_dir)).stdout, 120, "CANCEL")
     resumed = kit("launch", "resume", str(run_dir), "--wait")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     shown = [
@@ -81,7 +88,7 @@ def test_local_stop_then_resume_ends_as_if_never_stopped(
     ]
     assert shown == [f"epoch {n}" for n in range(1, 13)]  # each epoch once
     assert _final_hashes(run_dir) == {uninterrupted}
-    assert _attempts(run_dir) == 2  # the raw records keep both attempts
+    assert _attempts(run_dir) == 3  # the raw records keep every attempt
     split = [e for e in epochs() if e.get("resumed_at_batch")]
     assert all(e["seconds"] is None for e in split)  # no made-up time for a split epoch
     again = kit("launch", "resume", str(run_dir))
