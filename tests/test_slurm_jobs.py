@@ -303,6 +303,12 @@ def test_sweep_is_one_array_that_analysis_compares(
 def test_dry_run_prints_the_script_and_submits_nothing(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
+    # Jobs of earlier tests may still be ending (their processes exit after the result is
+    # written): start from an empty queue, so an empty queue after the dry run means something.
+    deadline = time.monotonic() + 120
+    while slurm_cluster.run("squeue", "-h").stdout.strip():
+        assert time.monotonic() < deadline, "earlier tests' jobs still queued after 120 s"
+        time.sleep(0.5)
     done = kit(
         "launch",
         "submit",
