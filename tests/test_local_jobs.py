@@ -165,4 +165,9 @@ def test_the_convnet_learns_the_embedded_digits(tmp_path: Path) -> None:
         "--wait",
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert records(run_folder(done.stdout))[-1]["final_test_accuracy"] >= 0.95
+    start, *_, summary = records(run_folder(done.stdout))
+    assert summary["final_test_accuracy"] >= 0.95
+    # Where start-up went, phase by phase, adds up to the whole.
+    parts = start["startup_parts"]
+    assert list(parts) == ["python_and_imports", "process_group", "data", "model_and_state"]
+    assert abs(sum(parts.values()) - start["startup_s"]) < 0.05

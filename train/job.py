@@ -65,6 +65,14 @@ class Context:
     run_dir: Path
     metrics: runfolder.RecordWriter
     stops: resume.StopSignals  # caught from the job's start, acted on at a step boundary
+    # Where start-up went: seconds per phase, in order (written with the start record).
+    startup: dict[str, float] = dataclasses.field(default_factory=dict)
+    last_mark: float = dataclasses.field(default_factory=time.time)
+
+    def lap(self, phase: str) -> None:
+        now = time.time()
+        self.startup[phase] = round(now - self.last_mark, 3)
+        self.last_mark = now
 
 
 def run(run_dir: str) -> dict[str, Any]:
@@ -107,7 +115,10 @@ def _run(cfg: Config, env: distenv.DistEnv, run_dir: Path, started: float) -> di
         check_launch(cfg, env)
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
         check_hardware(cfg, visible, env.local_world_size)
+        entered = time.time()  # interpreter, imports and the config are behind us
         ctx = _setup(cfg, env, run_dir, resume.StopSignals())
+        ctx.startup["python_and_imports"] = round(entered - started, 3)
+        ctx.lap("process_group")
         return _largest_batch(ctx, started) if cfg.task == "largest_batch" else _train(ctx, started)
     except Stopped:
         raise
@@ -181,6 +192,7 @@ def check_launch(cfg: Config, env: distenv.DistEnv, environ: dict[str, str] | No
 
 
 def _setup(cfg: Config, env: distenv.DistEnv, run_dir: Path, stops: resume.StopSignals) -> Context:
+    started = time.time()
     device, gpus = _pick_device(cfg, env)
     torch.set_num_threads(_cpu_threads(cfg, env))
     torch.backends.cudnn.benchmark = cfg.train.cudnn_benchmark
@@ -196,9 +208,11 @@ def _setup(cfg: Config, env: distenv.DistEnv, run_dir: Path, stops: resume.StopS
             timeout=datetime.timedelta(seconds=cfg.dist.timeout_s),
         )
         stops.join()
-    return Context(
+    context = Context(
         cfg, env, device, gpus, run_dir, runfolder.RecordWriter(run_dir, env.rank), stops
     )
+    context.last_mark = started
+    return context
 
 
 def _pick_device(cfg: Config, env: distenv.DistEnv) -> tuple[torch.device, int]:
@@ -290,6 +304,7 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
     test_shard = range(env.rank, len(test_labels), env.world_size)
     eval_batch = batch * cfg.train.grad_accum_steps
     test_loader = loaders.loader(test_images, test_labels, test_shard, eval_batch, ctx.device, cfg)
+    ctx.lap("data")
     model, optimizer = _model_and_optimizer(ctx)
     raw_model = _bare(model)
     scaler = torch.amp.GradScaler(enabled=cfg.train.precision == Precision.fp16)
@@ -297,10 +312,12 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
     progress = _restore(ctx, raw_model, optimizer, scaler)
     step = _step(ctx, model, optimizer, scaler)
     gpus = GpuSampler(_driven_gpus(ctx))
+    ctx.lap("model_and_state")
     ctx.metrics.write(
         "start",
         **_start_record(ctx, len(train_labels), len(test_labels)),
         startup_s=time.time() - started,
+        startup_parts=ctx.startup,
         first_epoch=progress.epoch,
         resumed_at_batch=progress.batches,
         restarts=resume.restarts(),
