@@ -314,3 +314,32 @@ def test_local_sweep_parallel_lets_runs_overlap(tmp_path: Path) -> None:
     created = json.loads((second / "run.json").read_text())["created"]
     assert datetime.fromisoformat(created).timestamp() < first_done
     assert first_start < first_done and second_start < second_done
+
+
+def test_gradient_buckets_are_views_backward_writes_into() -> None:
+    """The captured step's buckets (built on any device): every `.grad` is a view of its bucket
+    with its parameter's strides, channels_last included, and backward writes the same
+    gradients into them as into a plain model's."""
+    import copy
+
+    import torch
+    from torch.nn import functional as F
+
+    from train import steps
+    from train.model import ConvNet
+
+    torch.manual_seed(0)
+    plain = ConvNet().to(memory_format=torch.channels_last)
+    bucketed = copy.deepcopy(plain)
+    buckets = steps._bucket_gradients(list(bucketed.parameters()))
+    x = torch.randn(8, 1, 28, 28).contiguous(memory_format=torch.channels_last)
+    for model in (plain, bucketed):
+        torch.manual_seed(1)  # the same dropout masks
+        F.cross_entropy(model(x), torch.arange(8)).backward()
+    pointers = {b.untyped_storage().data_ptr() for b in buckets}
+    for p, q in zip(plain.parameters(), bucketed.parameters(), strict=True):
+        assert q.grad is not None and p.grad is not None
+        assert q.grad.stride() == q.stride() and q.grad.untyped_storage().data_ptr() in pointers
+        assert torch.allclose(p.grad, q.grad)
+    in_buckets = sum(float(b.abs().sum()) for b in buckets)
+    assert in_buckets == pytest.approx(sum(float(p.grad.abs().sum()) for p in plain.parameters()))

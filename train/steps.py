@@ -169,7 +169,9 @@ def _bucket_gradients(params: list[nn.Parameter]) -> list[torch.Tensor]:
         )
         offset = 0
         for p in group:
-            p.grad = flat[offset : offset + p.numel()].view_as(p)
+            # The parameter's own strides: a channels_last weight gets a channels_last gradient,
+            # which backward adds into without a transposing copy.
+            p.grad = flat.as_strided(p.shape, p.stride(), offset)
             offset += p.numel()
         buckets.append(flat)
         group.clear()
