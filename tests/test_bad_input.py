@@ -113,6 +113,14 @@ CASES = [
         )
         for key in ("train.compile", "train.cuda_graph")
     ],
+    *[
+        Case(
+            f"{key} in the largest-batch search",
+            ("task=largest_batch", f"{key}=true"),
+            ("task=largest_batch runs eager DDP steps", f"drop {key}=true for the search"),
+        )
+        for key in ("train.compile", "train.cuda_graph")
+    ],
     Case(
         "cudnn_benchmark with DP",
         ("train.cudnn_benchmark=true",),

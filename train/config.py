@@ -281,6 +281,12 @@ def _check_speed_options(cfg: Config) -> None:
             f"{key}=true does not apply to DataParallel (it replicates the model and starts a "
             "thread per GPU at every step): use --mode ddp, or drop it"
         )
+    if cfg.task == Task.largest_batch and (t.compile or t.cuda_graph):
+        key = "train.compile" if t.compile else "train.cuda_graph"
+        raise ConfigError(
+            f"task=largest_batch runs eager DDP steps at growing sizes (a graph or a compiled "
+            f"model would be rebuilt at every size): drop {key}=true for the search"
+        )
     if cfg.mode == Mode.dp and t.cudnn_benchmark:
         raise ConfigError(
             "train.cudnn_benchmark=true with DataParallel ran 15× slower on 2 × H200 (19 s per "
