@@ -174,22 +174,35 @@ def _detached_output(backend: Backend) -> Iterator[None]:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    # Started from a shell's background (`launch submit … &` in a script), this process ignores
-    # SIGINT, and the controller would inherit that and never hear `launch cancel`.
-    with contextlib.suppress(ValueError):  # not the main thread: leave the signals alone
-        if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
     saved = [os.dup(1), os.dup(2)]
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
-        yield
+        with _sigint_heard():
+            yield
     finally:
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
         for fd in (*saved, devnull):
             os.close(fd)
+
+
+@contextlib.contextmanager
+def _sigint_heard() -> Iterator[None]:
+    """Started from a shell's background (`launch submit … &` in a script), this process ignores
+    SIGINT, and the controller started here would inherit that and never hear `launch cancel`."""
+    try:
+        ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        if ignored:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    except ValueError:  # not the main thread: leave the signals alone
+        ignored = False
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _record_job(run_dir: Path, job: submitit.Job[Any]) -> None:

@@ -118,6 +118,7 @@ def _run(cfg: Config, env: distenv.DistEnv, run_dir: Path, started: float) -> di
         entered = time.time()  # interpreter, imports and the config are behind us
         ctx = _setup(cfg, env, run_dir, resume.StopSignals())
         ctx.startup["python_and_imports"] = round(entered - started, 3)
+        ctx.last_mark = entered
         ctx.lap("process_group")
         return _largest_batch(ctx, started) if cfg.task == "largest_batch" else _train(ctx, started)
     except Stopped:
@@ -192,7 +193,6 @@ def check_launch(cfg: Config, env: distenv.DistEnv, environ: dict[str, str] | No
 
 
 def _setup(cfg: Config, env: distenv.DistEnv, run_dir: Path, stops: resume.StopSignals) -> Context:
-    started = time.time()
     device, gpus = _pick_device(cfg, env)
     torch.set_num_threads(_cpu_threads(cfg, env))
     torch.backends.cudnn.benchmark = cfg.train.cudnn_benchmark
@@ -208,11 +208,9 @@ def _setup(cfg: Config, env: distenv.DistEnv, run_dir: Path, stops: resume.StopS
             timeout=datetime.timedelta(seconds=cfg.dist.timeout_s),
         )
         stops.join()
-    context = Context(
+    return Context(
         cfg, env, device, gpus, run_dir, runfolder.RecordWriter(run_dir, env.rank), stops
     )
-    context.last_mark = started
-    return context
 
 
 def _pick_device(cfg: Config, env: distenv.DistEnv) -> tuple[torch.device, int]:
@@ -452,7 +450,9 @@ def _leave_to_slurm_if_ending(
     """SIGTERM comes from Slurm ending the job itself (`scancel`, `scontrol requeue`, preemption)
     or from elsewhere. Where Slurm is ending it, the kit only saves: Slurm requeues it or not (a
     requeue of a cancelled job would bring it back), and the saved state serves either way."""
-    state = resume.slurm_state(job_id)
+    # Asked once, by rank 0, and shared: every rank then acts alike, and a large job does not
+    # send Slurm's controller one query per rank while it is preempting.
+    state = ctx.stops.from_main(resume.slurm_state(job_id) if ctx.env.is_main else "")
     if state in ("", "RUNNING"):
         return
     _write_stop(ctx, reason, progress, requeue=None, slurm_state=state)
@@ -578,9 +578,10 @@ def _evaluate(
     """Loss and accuracy over the whole test split: each rank scores its shard, then all sum."""
     model.eval()
     totals = torch.zeros(3, device=ctx.device, dtype=torch.float64)
+    cast = steps.autocast(ctx.device, ctx.cfg.train.precision.value)
     for x, y in loader:
         x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-        with steps.autocast(ctx.device, ctx.cfg.train.precision.value)():
+        with cast():
             logits = model(x)
         totals[0] += F.cross_entropy(logits.float(), y, reduction="sum")
         totals[1] += (logits.argmax(1) == y).sum()

@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader
 
 from train import data
+from train.config import Config
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -93,7 +94,7 @@ def loader(
     order: Any,
     batch: int,
     device: torch.device,
-    cfg: Any,
+    cfg: Config,
 ) -> Loader:
     """The loader the settings ask for (`data.on_device`), over the indices `order` gives."""
     d = cfg.data

@@ -75,6 +75,14 @@ class StopSignals:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return int(flag.item())
 
+    def from_main(self, value: str) -> str:
+        """Rank 0's `value`, on every rank (on the flag's CPU group: no GPU sync)."""
+        if self.group is None:
+            return value
+        shared = [value]
+        dist.broadcast_object_list(shared, src=0, group=self.group)
+        return str(shared[0])
+
     def requeue_through_submitit(self) -> str:
         """submitit's own checkpoint-and-requeue, on rank 0 once the state is saved: its handler
         calls the submitted Checkpointable's `checkpoint` (a resubmission of the same run
