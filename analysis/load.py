@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from train import runfolder
-from train.config import Config, world_size
+from train.config import CompileMode, Config, world_size
 from train.errors import KitError
 
 if TYPE_CHECKING:  # imported in load_runs: the processes that read runs never need pandas
@@ -123,6 +123,11 @@ SETTINGS: dict[str, Callable[[Config, dict[str, Any]], Any]] = {
 }
 
 
+def _compiled(cfg: Config) -> str:
+    mode = cfg.train.compile_mode
+    return "compile" if mode == CompileMode.default else f"compile ({mode})"
+
+
 def speed_options(cfg: Config) -> str:
     """The speed settings a run turned on, in words ('none': the plain path)."""
     chosen = [
@@ -131,7 +136,7 @@ def speed_options(cfg: Config) -> str:
             ("data on device", cfg.data.on_device),
             ("channels_last", cfg.train.channels_last),
             ("cudnn benchmark", cfg.train.cudnn_benchmark),
-            ("compile", cfg.train.compile),
+            (_compiled(cfg), cfg.train.compile),
             ("CUDA graph", cfg.train.cuda_graph),
         )
         if on

@@ -133,6 +133,21 @@ CASES = [
         ("cannot capture fp16's gradient scaler", "use train.precision=bf16"),
     ),
     Case(
+        "compile_mode without compile",
+        ("train.compile_mode=max-autotune-no-cudagraphs",),
+        ("only applies to a compiled model", "add train.compile=true"),
+    ),
+    Case(
+        "unknown compile_mode",
+        ("train.compile=true", "train.compile_mode=max-autotune"),
+        ("train.compile_mode='max-autotune' is not valid", "default, max-autotune-no-cudagraphs"),
+    ),
+    Case(
+        "cuda_graph over gloo",
+        ("train.cuda_graph=true", "dist.backend=gloo"),
+        ("only NCCL can do inside a CUDA graph", "use dist.backend=auto"),
+    ),
+    Case(
         "nccl on CPU",
         ("dist.backend=nccl",),
         ("dist.backend=nccl needs CUDA", "use dist.backend=gloo"),

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from kit import REPO, kit
 
-from train.config import ConfigError, load_config, per_rank_batch, world_size
+from train.config import ConfigError, load_config, per_rank_batch, to_yaml, world_size
 
 
 def test_defaults_are_the_articles() -> None:
@@ -39,7 +39,7 @@ def test_nested_lists_and_free_sbatch_options() -> None:
     [
         (
             ["train.epoch=3"],
-            "unknown setting 'train.epoch'. Did you mean 'epochs'? Valid keys here: channels_last, checkpoint, compile, cuda_graph, cudnn_benchmark, epochs,",
+            "unknown setting 'train.epoch'. Did you mean 'epochs'? Valid keys here: channels_last, checkpoint, compile, compile_mode, cuda_graph, cudnn_benchmark, epochs,",
         ),
         (["trian.epochs=3"], "Did you mean 'train'?"),
         (["train.epochs=three"], "'train.epochs' has the wrong type"),
@@ -111,3 +111,15 @@ def test_example_configs_reach_the_batch_script(example: Path, tmp_path: Path) -
     ):
         assert line in done.stdout, line
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "example", sorted((REPO / "docs" / "examples").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_example_configs_survive_the_run_folder(example: Path, tmp_path: Path) -> None:
+    """A job reads its config back from the run folder's config.yaml: it must be the one that
+    was resolved (a choice whose value differs from its Python name once failed here)."""
+    cfg = load_config(example)
+    written = tmp_path / "config.yaml"
+    written.write_text(to_yaml(cfg))
+    assert load_config(written) == cfg

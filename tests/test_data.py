@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,46 @@ def test_batch_loaders_give_what_per_sample_collation_gave(tmp_path: Path) -> No
             assert len(served) == len(expected) == 3  # 150 per rank: 64, 64, 22
             for (x, y), (ex, ey) in zip(served, expected, strict=True):
                 assert torch.equal(x, ex) and torch.equal(y, ey)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("size", [1, 7, 300])
+def test_sampler_order_is_the_distributed_samplers(world: int, size: int) -> None:
+    """The tensor the device loader takes its indices from is DistributedSampler's own order,
+    for every rank, with and without shuffling, padding and drop_last."""
+    import torch
+    from torch.utils.data import DistributedSampler, TensorDataset
+
+    from train import loaders
+
+    dataset = TensorDataset(torch.zeros(size))
+    for rank, shuffle, drop_last in itertools.product(range(world), (True, False), (False, True)):
+        sampler = DistributedSampler(dataset, world, rank, shuffle, seed=5, drop_last=drop_last)
+        sampler.set_epoch(4)
+        assert loaders.sampler_order(sampler).tolist() == list(sampler)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 32])
+def test_device_loader_serves_a_resumed_epoch_in_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Gathered a chunk of batches at a time, from the order of a resumed epoch (its first
+    batches skipped), the device loader serves exactly the batches that were left."""
+    import torch
+    from torch.utils.data import DistributedSampler, TensorDataset
+
+    from train import data, job, loaders
+
+    monkeypatch.setattr(loaders, "CHUNK_BATCHES", chunk)
+    folder = prepare_synthetic(tmp_path / "digits", seed=3, train_size=300, test_size=10)
+    images, labels = data.load_raw(folder, "synthetic", train=True)
+    sampler = DistributedSampler(TensorDataset(labels), 2, 1, shuffle=True, seed=3)
+    sampler.set_epoch(2)
+    order = job._ResumeSampler(sampler)
+    order.skip = 40
+    left = list(sampler)[40:]  # 110 indices: batches of 32, 32, 32, 14
+    served = list(loaders.DeviceLoader(images, labels, order, 32, torch.device("cpu")))
+    assert [len(y) for _, y in served] == [32, 32, 32, 14]
+    for number, (x, y) in enumerate(served):
+        index = torch.tensor(left[number * 32 : (number + 1) * 32])
+        assert torch.equal(x, data.normalise(images[index])) and torch.equal(y, labels[index])

@@ -343,3 +343,22 @@ def test_gradient_buckets_are_views_backward_writes_into() -> None:
         assert torch.allclose(p.grad, q.grad)
     in_buckets = sum(float(b.abs().sum()) for b in buckets)
     assert in_buckets == pytest.approx(sum(float(p.grad.abs().sum()) for p in plain.parameters()))
+
+
+@pytest.mark.parametrize(
+    ("visible", "expected"),
+    [
+        (None, 4),
+        ("", 0),
+        ("0,1", 2),
+        ("3", 1),
+        ("1,7,2", 1),  # CUDA stops at the first index that names no device
+        ("-1", 0),
+        ("GPU-8f3c,GPU-11aa", 2),
+        ("0,00", 0),  # a device named twice: torch sees none
+    ],
+)
+def test_the_launcher_counts_visible_gpus_as_torch_does(visible: str | None, expected: int) -> None:
+    from launch.submit import visible_count
+
+    assert visible_count(4, visible) == expected

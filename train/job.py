@@ -252,24 +252,29 @@ def _load_data(ctx: Context) -> tuple[loaders.Batch, loaders.Batch]:
 
 
 def _wrap(ctx: Context, model: nn.Module) -> nn.Module:
-    """DP or DDP around the bare model; the bare model itself where the kit's captured step
-    does DDP's work (train.cuda_graph); compiled on top where train.compile asks."""
+    """DP or DDP around the bare model, compiled on top where train.compile asks; the bare model
+    itself where the kit's captured step does DDP's work (train.cuda_graph)."""
     t = ctx.cfg.train
     if t.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if ctx.cfg.mode == Mode.dp:  # without GPUs DataParallel runs the bare module
         return nn.DataParallel(model, device_ids=list(range(ctx.gpus)) or None)
-    if t.cuda_graph:  # compiled code is captured like any other (the capture replaces compile's)
-        return typing.cast(nn.Module, torch.compile(model)) if t.compile else model
+    if t.cuda_graph:  # the captured step does DDP's work, and compiles its forward and loss
+        return model
     ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     wrapped = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    return typing.cast(nn.Module, torch.compile(wrapped)) if t.compile else wrapped
+    if not t.compile:
+        return wrapped
+    return typing.cast(nn.Module, torch.compile(wrapped, mode=t.compile_mode.value))
 
 
 def _model_and_optimizer(ctx: Context) -> tuple[nn.Module, torch.optim.Optimizer]:
     model = _wrap(ctx, build(ctx.cfg.model.name, ctx.cfg.model.dropout).to(ctx.device))
     t = ctx.cfg.train
-    return model, torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum)
+    # The captured step's update is PyTorch's fused SGD: one kernel for all parameters (the
+    # default, foreach, takes two); the same arithmetic. GPU only, as the captured step is.
+    fused = True if t.cuda_graph else None
+    return model, torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, fused=fused)
 
 
 def _bare(model: nn.Module) -> nn.Module:
@@ -283,8 +288,9 @@ def _step(ctx: Context, model: nn.Module, optimizer: Any, scaler: Any) -> Any:
     if t.cuda_graph:
         cast = steps.autocast(ctx.device, t.precision.value, cache=False)
         return steps.GraphStep(
-            model, optimizer, per_rank_batch(ctx.cfg), t.grad_accum_steps, cast, t.channels_last
-        )
+            model, optimizer, per_rank_batch(ctx.cfg), t.grad_accum_steps, cast, t.channels_last,
+            compile=t.compile_mode.value if t.compile else None,
+        )  # fmt: skip
     cast = steps.autocast(ctx.device, t.precision.value)
     return steps.EagerStep(model, optimizer, scaler, t.grad_accum_steps, cast, t.channels_last)
 
@@ -350,6 +356,9 @@ class _ResumeSampler(torch.utils.data.Sampler[int]):
 
     def __len__(self) -> int:
         return max(0, len(self.sampler) - self.skip)
+
+    def as_tensor(self) -> torch.Tensor:
+        return loaders.sampler_order(self.sampler)[self.skip :]
 
 
 def _restore(ctx: Context, raw_model: nn.Module, optimizer: Any, scaler: Any) -> resume.Progress:
@@ -536,7 +545,7 @@ def _train_epoch(
         clock.mark()
         x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
         last_micro = number % accum == 0 or number == total
-        loss_sum += step.micro(x, y, last_micro) * len(y)
+        loss_sum.add_(step.micro(x, y, last_micro), alpha=len(y))
         samples += len(y)
         if last_micro:
             step.update()

@@ -4,7 +4,7 @@ Both loaders take their order from a sampler of indices (the DistributedSampler 
 fixed shard for evaluation), so the batches are the same whichever loader serves them:
 - `host_loader`: a DataLoader whose every item is a whole batch (`dataset[indices]`: one gather per
   tensor), pinned and copied to the GPU without blocking;
-- `DeviceLoader`: the split held once on the GPU as uint8; each batch is gathered and normalised
+- `DeviceLoader`: the split held once on the GPU as uint8; batches are gathered and normalised
   there, from the sampler's indices copied once per epoch.
 """
 
@@ -14,12 +14,13 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from train import data
 from train.config import Config
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+CHUNK_BATCHES = 32  # batches gathered at once on the GPU (32 × 256 MNIST images: 25 MB)
 
 
 class _Batches(torch.utils.data.Dataset[Batch]):
@@ -78,11 +79,42 @@ class DeviceLoader:
         return -(-len(self.order) // self.batch)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Batch]:
-        # One host-to-device copy of the epoch's indices; every batch is then a slice of it.
-        indices = torch.tensor(list(self.order), dtype=torch.long).to(self.device)
-        for start in range(0, len(indices), self.batch):
-            index = indices[start : start + self.batch]
-            yield data.normalise(self.images[index]), self.labels[index]
+        # One host-to-device copy of the epoch's indices; batches are gathered and normalised
+        # CHUNK_BATCHES at a time (a few large kernels instead of many small ones per batch).
+        indices = index_tensor(self.order).to(self.device, non_blocking=True)
+        chunk = self.batch * CHUNK_BATCHES
+        for first in range(0, len(indices), chunk):
+            index = indices[first : first + chunk]
+            images, labels = data.normalise(self.images[index]), self.labels[index]
+            for start in range(0, len(index), self.batch):
+                yield images[start : start + self.batch], labels[start : start + self.batch]
+
+
+def index_tensor(order: Iterable[int]) -> torch.Tensor:
+    """The indices an order gives, as a tensor: without a Python int per index where the order
+    can say them as a tensor itself (`as_tensor`; measured 6 ms per epoch of 30 000 indices)."""
+    if isinstance(order, range):
+        return torch.arange(order.start, order.stop, order.step)
+    as_tensor = getattr(order, "as_tensor", None)
+    return as_tensor() if as_tensor else torch.tensor(list(order), dtype=torch.long)
+
+
+def sampler_order(s: DistributedSampler[Any]) -> torch.Tensor:
+    """DistributedSampler's order for its epoch as a tensor: exactly `list(s)` (tested), with
+    its rules: one shuffle per epoch from `seed + epoch`, padded by repetition (or cut with
+    `drop_last`) to a multiple of the replicas, every `num_replicas`-th index from `rank`."""
+    n = len(s.dataset)  # type: ignore[arg-type]  # a sized dataset, as the sampler requires
+    if s.shuffle:
+        g = torch.Generator()
+        g.manual_seed(s.seed + s.epoch)
+        order = torch.randperm(n, generator=g)
+    else:
+        order = torch.arange(n)
+    if s.drop_last:
+        order = order[: s.total_size]
+    elif s.total_size > n:
+        order = torch.cat([order, order.repeat(-(-(s.total_size - n) // n))[: s.total_size - n]])
+    return order[s.rank : s.total_size : s.num_replicas]
 
 
 Loader = DataLoader[Batch] | DeviceLoader

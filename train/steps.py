@@ -64,7 +64,8 @@ class EagerStep:
 
 class GraphStep:
     """DDP's arithmetic (gradients averaged over ranks, the same update everywhere), replayed
-    from CUDA graphs once warm. `model` is the bare model; ranks start from rank 0's weights."""
+    from CUDA graphs once warm. `model` is the bare model; ranks start from rank 0's weights.
+    `compile`: torch.compile's mode for the forward and the loss together (None: eager)."""
 
     def __init__(
         self,
@@ -74,11 +75,13 @@ class GraphStep:
         accum: int,
         autocast: Autocast,
         channels_last: bool = False,
+        compile: str | None = None,
     ) -> None:
         self.model, self.optimizer, self.accum, self.autocast = model, optimizer, accum, autocast
         self.batch, self.channels_last = batch, channels_last
         self.side = torch.cuda.Stream()
         self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.nccl = dist.is_initialized() and dist.get_backend() == "nccl"
         params = [p for p in model.parameters() if p.requires_grad]
         if dist.is_initialized():
             for tensor in model.state_dict().values():
@@ -88,6 +91,13 @@ class GraphStep:
         self.micro_graph: torch.cuda.CUDAGraph | None = None
         self.update_graph: torch.cuda.CUDAGraph | None = None
         self.static: dict[str, torch.Tensor] = {}
+
+        def losses(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            loss = F.cross_entropy(model(x), y)
+            return loss, loss / accum  # the mean, and the share backward accumulates
+
+        # Compiled with the loss (not the model alone): the loss's kernels fuse with the model's.
+        self.losses = torch.compile(losses, mode=compile) if compile else losses
 
     # --- the step the loop calls ------------------------------------------------------------
 
@@ -125,15 +135,17 @@ class GraphStep:
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         with self.autocast():
-            loss = F.cross_entropy(self.model(x), y)
-        (loss / self.accum).backward()  # accumulates into the bucket views
+            loss, share = self.losses(x, y)
+        share.backward()  # accumulates into the bucket views
         return loss
 
     def _reduce_and_step(self) -> None:
         for bucket in self.buckets:
-            if self.world > 1:
+            if self.world > 1 and self.nccl:  # NCCL averages as it sums: one kernel fewer
+                dist.all_reduce(bucket, op=dist.ReduceOp.AVG)
+            elif self.world > 1:
                 dist.all_reduce(bucket)
-            bucket.div_(self.world)
+                bucket.div_(self.world)
         self.optimizer.step()
         for bucket in self.buckets:
             bucket.zero_()
