@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from train import runfolder
-from train.config import CompileMode, Config, world_size
+from train.config import CommHook, CompileMode, Config, world_size
 from train.errors import KitError
 
 if TYPE_CHECKING:  # imported in load_runs: the processes that read runs never need pandas
@@ -121,6 +121,12 @@ SETTINGS: dict[str, Callable[[Config, dict[str, Any]], Any]] = {
     "gpus_per_node": lambda cfg, start: cfg.cluster.gpus_per_node,
     "speed_options": lambda cfg, start: speed_options(cfg),
 }
+
+
+def strategy_key(cfg: Config) -> str:
+    """The run's column in the table: its mode, and the communication hook where one is set."""
+    hook = cfg.dist.comm_hook
+    return str(cfg.mode) if hook == CommHook.none else f"{cfg.mode}+{hook}"
 
 
 def _compiled(cfg: Config) -> str:
@@ -302,7 +308,7 @@ def _largest_batch_row(
         "run_id": run_id,
         "run_dir": str(run_dir),
         "task": "largest_batch",
-        "mode": cfg.mode,
+        "mode": strategy_key(cfg),
         "model": cfg.model.name,
         "precision": cfg.train.precision,
         "nodes": cfg.cluster.nodes,
@@ -368,7 +374,7 @@ def _row(run_dir: Path, run_id: str, cfg: Config, ranks: dict[int, Rank]) -> dic
     return {
         "run_id": run_id,
         "task": "train",
-        "mode": cfg.mode,
+        "mode": strategy_key(cfg),
         "run_dir": str(run_dir),
         **{name: read(cfg, start) for name, read in SETTINGS.items()},
         "device_name": start["device_name"],

@@ -12,9 +12,11 @@ from pathlib import Path
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from analysis.table import MODES, NM, Group
+from analysis.table import NM, STRATEGIES, Group
 
-COLOURS = {"dp": "tab:orange", "ddp": "tab:blue"}
+COLOURS = {"dp": "tab:orange", "ddp": "tab:blue", "ddp+fp16": "tab:cyan", "ddp+bf16": "tab:green",
+           "ddp+powersgd": "tab:olive", "zero": "tab:purple"}  # fmt: skip
+OTHER = "tab:gray"  # a strategy without its own colour
 
 
 def _epoch_times(ax: Axes, group: Group) -> None:
@@ -22,9 +24,10 @@ def _epoch_times(ax: Axes, group: Group) -> None:
     labelled: set[str] = set()
     train = group.runs[group.runs["task"] == "train"]
     for mode, seconds in zip(train["mode"], train["epoch_seconds"], strict=True):
-        label = None if mode in labelled else MODES[mode]
+        label = None if mode in labelled else STRATEGIES[mode]
         labelled.add(mode)
-        ax.plot(range(1, len(seconds) + 1), seconds, marker="o", color=COLOURS[mode], label=label)
+        colour = COLOURS.get(mode, OTHER)
+        ax.plot(range(1, len(seconds) + 1), seconds, marker="o", color=colour, label=label)
     ax.set(title="time per epoch", xlabel="epoch", ylabel="seconds (slowest rank)")
     ax.set_ylim(0, 1.15 * max(max(s) for s in train["epoch_seconds"]))  # room for a legend
     ax.xaxis.get_major_locator().set_params(integer=True)  # type: ignore[call-arg]
@@ -33,34 +36,39 @@ def _epoch_times(ax: Axes, group: Group) -> None:
 
 def _throughput(ax: Axes, group: Group) -> None:
     """Steady-state throughput per strategy (median over repeats); n/m where not measured."""
-    for x, mode in enumerate(MODES):
+    for x, mode in enumerate(group.columns):
         value = group.medians[mode]["throughput"]
         if math.isnan(value):
             ax.text(x, 0, NM, ha="center", va="bottom")
         else:
-            ax.bar(x, value, color=COLOURS[mode])
+            ax.bar(x, value, color=COLOURS.get(mode, OTHER))
             ax.text(x, value, f"{value:.0f}", ha="center", va="bottom")
-    ax.set_xticks(range(len(MODES)), list(MODES.values()))
-    ax.set_xlim(-0.6, len(MODES) - 0.4)  # both places even when one strategy has no run
+    _strategy_axis(ax, group)
     ax.margins(y=0.12)  # room for the value above the tallest bar
     ax.set(title="throughput (steady state)", ylabel="samples/s, all ranks")
+
+
+def _strategy_axis(ax: Axes, group: Group) -> None:
+    """One place per strategy shown, DP and DDP even where one has no run."""
+    ax.set_xticks(range(len(group.columns)), [STRATEGIES[m] for m in group.columns])
+    ax.set_xlim(-0.6, len(group.columns) - 0.4)
 
 
 def _per_card(column: str, title: str, ylabel: str) -> Callable[[Axes, Group], None]:
     """A panel of the main card's and the other cards' figure, side by side per strategy."""
 
     def panel(ax: Axes, group: Group) -> None:
-        for x, mode in enumerate(MODES):
+        for x, mode in enumerate(group.columns):
             for offset, card, hatch in ((-0.2, "main", ""), (0.2, "other", "//")):
                 value = group.medians[mode][f"{column}_{card}"]
                 label = f"{card} card{'s' if card == 'other' else ''}" if x == 0 else None
                 if math.isnan(value):
                     ax.text(x + offset, 0, NM, ha="center", va="bottom", fontsize=8)
                     continue
-                ax.bar(x + offset, value, width=0.38, color=COLOURS[mode], hatch=hatch, label=label)
+                colour = COLOURS.get(mode, OTHER)
+                ax.bar(x + offset, value, width=0.38, color=colour, hatch=hatch, label=label)
                 ax.text(x + offset, value, f"{value:.0f}", ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(range(len(MODES)), list(MODES.values()))
-        ax.set_xlim(-0.6, len(MODES) - 0.4)
+        _strategy_axis(ax, group)
         ax.margins(y=0.15)
         ax.set(title=title, ylabel=ylabel)
         if ax.get_legend_handles_labels()[0]:  # nothing measured (no GPU): no legend to draw

@@ -1,4 +1,7 @@
-"""The comparison table: runs grouped by comparable settings, rows = figures, columns = DP | DDP.
+"""The comparison table: runs grouped by comparable settings, rows = figures, columns = strategies.
+
+DP and DDP are always shown (the article's comparison, "DDP vs DP"); every other strategy a group
+ran (ZeRO, DDP with a communication hook) gets its own column and a comparison against DDP.
 
 Runs of different settings or hardware are never pooled: each group gets its own table. Repeats
 within a group are pooled by the median, figure by figure, over the runs that measured it.
@@ -18,7 +21,15 @@ from analysis.load import FIGURES, HARDWARE, LARGEST_BATCH_KEYS, SETTINGS, Figur
 if TYPE_CHECKING:  # imported where used: the command line is parsed, and runs are being read
     import pandas as pd  # by other processes, while this one loads pandas
 
-MODES = {"dp": "DP", "ddp": "DDP"}
+MODES = {"dp": "DP", "ddp": "DDP"}  # always shown
+# Every strategy's column key (`analysis.load.strategy_key`) and label, in the order shown.
+HOOKS = {"fp16": "fp16 hook", "bf16": "bf16 hook", "powersgd": "PowerSGD"}
+STRATEGIES = {
+    **MODES,
+    **{f"ddp+{hook}": f"DDP + {label}" for hook, label in HOOKS.items()},
+    "zero": "ZeRO",
+    **{f"zero+{hook}": f"ZeRO + {label}" for hook, label in HOOKS.items()},
+}
 COMPARISON = "ddp_vs_dp"  # the improvement column's key in csv/json
 NM = "n/m"  # not measured
 
@@ -30,7 +41,13 @@ class Group:
     number: int
     key: dict[str, Any]  # SETTINGS and HARDWARE values
     runs: pd.DataFrame
-    medians: dict[str, dict[str, float]]  # mode → figure column → median (NaN: not measured)
+    medians: dict[str, dict[str, float]]  # strategy → figure column → median (NaN: not measured)
+
+    @property
+    def columns(self) -> list[str]:
+        """The strategies shown: DP and DDP, then any other the group ran."""
+        ran = set(self.runs["mode"])
+        return [*MODES, *(s for s in STRATEGIES if s not in MODES and s in ran)]
 
     def run_ids(self, mode: str, task: str = "train") -> list[str]:
         chosen = (self.runs["mode"] == mode) & (self.runs["task"] == task)
@@ -71,7 +88,7 @@ def _matching_largest(train: pd.DataFrame, largest: pd.DataFrame) -> pd.DataFram
 
 def _medians(train: pd.DataFrame, largest: pd.DataFrame) -> dict[str, dict[str, float]]:
     medians: dict[str, dict[str, float]] = {}
-    for mode in MODES:
+    for mode in STRATEGIES:
         runs = train[train["mode"] == mode]
         figures = {f.column: _median(runs, f.column) for f in FIGURES}  # NaN if none
         best = (
@@ -87,8 +104,11 @@ def _median(frame: pd.DataFrame, column: str) -> float:
     return float(frame[column].median()) if column in frame and len(frame) else math.nan
 
 
-def comparison(figure: Figure, dp: float, ddp: float) -> tuple[float, str, str]:
-    """DDP against DP as (number, unit, text); NaN and "n/m" when either side is not measured."""
+def comparison(
+    figure: Figure, dp: float, ddp: float, names: tuple[str, str] = ("DP", "DDP")
+) -> tuple[float, str, str]:
+    """DDP against DP (or `names[1]` against `names[0]`) as (number, unit, text); NaN and "n/m"
+    when either side is not measured."""
     if figure.compare == "none":
         return math.nan, "", ""
     if math.isnan(dp) or math.isnan(ddp):
@@ -98,12 +118,12 @@ def comparison(figure: Figure, dp: float, ddp: float) -> tuple[float, str, str]:
             return math.nan, "", "–"
         speedup = dp / ddp
         text = f"{speedup:.2f}× faster" if speedup >= 1 else f"{1 / speedup:.2f}× slower"
-        return speedup, "× (DP time / DDP time)", text
+        return speedup, f"× ({names[0]} time / {names[1]} time)", text
     if figure.compare == "rate":
         if dp == 0:
             return math.nan, "", "–"
         change = (ddp / dp - 1) * 100
-        return change, "% (relative to DP)", f"{change:+.0f}%"
+        return change, f"% (relative to {names[0]})", f"{change:+.0f}%"
     if figure.compare == "points":
         return ddp - dp, "pp", f"{ddp - dp:+.1f} pp"
     return ddp - dp, figure.unit, f"{ddp - dp:+.{figure.digits}f}"
@@ -138,10 +158,10 @@ def _ids(ids: list[str]) -> str:
 
 
 def _runs_line(group: Group) -> str:
-    parts = [f"{label}: {_ids(group.run_ids(mode))}" for mode, label in MODES.items()]
+    parts = [f"{STRATEGIES[mode]}: {_ids(group.run_ids(mode))}" for mode in group.columns]
     largest = [
-        f"{label}: {_ids(ids)}"
-        for mode, label in MODES.items()
+        f"{STRATEGIES[mode]}: {_ids(ids)}"
+        for mode in group.columns
         if (ids := group.run_ids(mode, "largest_batch"))
     ]
     return (
@@ -158,7 +178,12 @@ def to_markdown(groups: list[Group]) -> str:
 
 def _markdown_group(group: Group) -> str:
     lines = [f"## {heading(group)}", "", _runs_line(group), ""]
-    lines += ["| metric | DP | DDP | DDP vs DP |", "|---|---:|---:|---|"]
+    labels = [STRATEGIES[mode] for mode in group.columns]
+    versus = [f"{label} vs DDP" for label in labels[len(MODES) :]]
+    lines += [
+        "| " + " | ".join(["metric", *labels, "DDP vs DP", *versus]) + " |",
+        "|---|" + "---:|" * len(labels) + "---|" * (1 + len(versus)),
+    ]
     for figure in FIGURES:
         texts = [text for _, _, text in _cells(group, figure).values()]
         lines.append("| " + " | ".join([figure.label, *texts]) + " |")
@@ -166,13 +191,15 @@ def _markdown_group(group: Group) -> str:
 
 
 def _cells(group: Group, figure: Figure) -> dict[str, tuple[float, str, str]]:
-    """One figure's DP, DDP and DDP-vs-DP cells as (number, unit, text)."""
-    dp, ddp = (group.medians[mode][figure.column] for mode in MODES)
-    return {
-        "dp": (dp, figure.unit, _number(figure, dp)),
-        "ddp": (ddp, figure.unit, _number(figure, ddp)),
-        COMPARISON: comparison(figure, dp, ddp),
-    }
+    """One figure's cells as (number, unit, text): each strategy's, DDP against DP, then each
+    other strategy against DDP."""
+    values = {mode: group.medians[mode][figure.column] for mode in group.columns}
+    cells = {mode: (value, figure.unit, _number(figure, value)) for mode, value in values.items()}
+    cells[COMPARISON] = comparison(figure, values["dp"], values["ddp"])
+    for mode in group.columns[len(MODES) :]:
+        names = ("DDP", STRATEGIES[mode])
+        cells[f"{mode}_vs_ddp"] = comparison(figure, values["ddp"], values[mode], names)
+    return cells
 
 
 def tidy(groups: list[Group]) -> pd.DataFrame:
@@ -183,8 +210,9 @@ def tidy(groups: list[Group]) -> pd.DataFrame:
 
 
 def _group_records(group: Group) -> list[dict[str, Any]]:
-    runs = {mode: len(group.run_ids(mode)) for mode in MODES}
-    runs[COMPARISON] = sum(runs.values())
+    runs = {mode: len(group.run_ids(mode)) for mode in group.columns}
+    runs[COMPARISON] = runs["dp"] + runs["ddp"]
+    runs |= {f"{mode}_vs_ddp": runs["ddp"] + runs[mode] for mode in group.columns[len(MODES) :]}
     return [
         {"group": group.number, "metric": figure.column, "label": figure.label, "mode": mode}
         | {"value": value, "unit": unit, "text": text, "runs": runs[mode], **group.key}
@@ -207,8 +235,8 @@ def to_json(groups: list[Group]) -> str:
     records = [{k: _plain(v) for k, v in r.items()} for r in tidy(groups).to_dict("records")]
     described = [
         {"group": g.number, **{k: _plain(v) for k, v in g.key.items()}}
-        | {"run_ids": {mode: g.run_ids(mode) for mode in MODES}}
-        | {"largest_batch_run_ids": {mode: g.run_ids(mode, "largest_batch") for mode in MODES}}
+        | {"run_ids": {mode: g.run_ids(mode) for mode in g.columns}}
+        | {"largest_batch_run_ids": {mode: g.run_ids(mode, "largest_batch") for mode in g.columns}}
         for g in groups
     ]
     return (

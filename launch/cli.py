@@ -98,7 +98,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--mode", choices=Mode.values(), help="DataParallel or DistributedDataParallel"
+        "--mode",
+        choices=Mode.values(),
+        help="the strategy: dp (DataParallel), ddp (DistributedDataParallel), zero (DDP with "
+        "the optimizer state sharded)",
     )
     parser.add_argument("--nodes", type=int, help="number of nodes (DDP only above 1)")
     parser.add_argument("--config", dest="config_file", help="YAML file merged over the defaults")

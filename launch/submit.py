@@ -25,6 +25,7 @@ from train.config import (
     Mode,
     check_hardware,
     cpus_per_task,
+    per_gpu,
     signal_delay_s,
     tasks_per_node,
     world_size,
@@ -122,7 +123,7 @@ def slurm_parameters(cfg: Config, run_name: str) -> dict[str, Any]:
     c = cfg.cluster
     gpus = (
         {"gpus_per_task": 1}
-        if cfg.mode == Mode.ddp and c.gpu_binding == GpuBinding.task
+        if per_gpu(cfg.mode) and c.gpu_binding == GpuBinding.task
         else {"gpus_per_node": c.gpus_per_node}
     )
     optional = {
@@ -446,7 +447,7 @@ def _array_shape(cfgs: list[Config]) -> Config:
         raise ConfigError(
             f"a sweep's elements must share nodes, GPUs per node and binding; got {sorted(shapes)}"
         )
-    ddp = next((c for c in cfgs if c.mode == Mode.ddp), cfgs[0])
+    ddp = next((c for c in cfgs if per_gpu(c.mode)), cfgs[0])
     if any(c.mode == Mode.dp for c in cfgs) and ddp.cluster.gpu_binding == GpuBinding.task:
         raise ConfigError(
             "a sweep with DP needs cluster.gpu_binding=node: DP's task must see all GPUs"

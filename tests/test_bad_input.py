@@ -142,6 +142,37 @@ CASES = [
         ("train.compile=true", "train.compile_mode=max-autotune"),
         ("train.compile_mode='max-autotune' is not valid", "default, max-autotune-no-cudagraphs"),
     ),
+    *[
+        Case(
+            f"{key} with ZeRO",
+            (f"{key}=true",),
+            (f"{key}=true is not measured with --mode zero", "use --mode ddp"),
+            mode=("--mode", "zero"),
+        )
+        for key in ("train.compile", "train.cuda_graph")
+    ],
+    Case(
+        "comm hook with DP",
+        ("dist.comm_hook=bf16",),
+        ("DataParallel has none", "use --mode ddp (or zero)"),
+        mode=("--mode", "dp"),
+    ),
+    Case(
+        "comm hook with cuda_graph",
+        ("dist.comm_hook=fp16", "train.cuda_graph=true"),
+        ("train.cuda_graph", "replaces with the kit's own all-reduce: drop one of them"),
+    ),
+    Case(
+        "unknown comm hook",
+        ("dist.comm_hook=int8",),
+        ("dist.comm_hook='int8' is not valid", "none, fp16, bf16, powersgd"),
+    ),
+    Case(
+        "unknown mode",
+        (),
+        ("invalid choice: 'fsdp2'", "choose from 'dp', 'ddp', 'zero'"),
+        mode=("--mode", "fsdp2"),
+    ),
     Case(
         "cuda_graph over gloo",
         ("train.cuda_graph=true", "dist.backend=gloo"),

@@ -85,7 +85,17 @@ def test_ddp_sbatch_script_writes_a_run_folder(slurm_cluster: SlurmCluster, tmp_
     assert table.returncode == 0 and "| runs | 0 | 1 |" in table.stdout
 
 
-def test_two_node_ddp_trains_in_step(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        pytest.param([], id="ddp"),
+        pytest.param(["--mode", "zero", "dist.comm_hook=bf16"], id="zero"),
+    ],
+)
+def test_two_node_ddp_trains_in_step(
+    slurm_cluster: SlurmCluster, tmp_path: Path, strategy: list[str]
+) -> None:
+    """The one-process-per-GPU script runs DDP, or any strategy built on it (`--mode zero`)."""
     _, state, out = _sbatch(
         slurm_cluster,
         tmp_path,
@@ -95,6 +105,7 @@ def test_two_node_ddp_trains_in_step(slurm_cluster: SlurmCluster, tmp_path: Path
         str(REPO / "slurm/ddp.sbatch"),
         *SBATCH_SMALL,
         *_kit_env(tmp_path),
+        *strategy,
     )
     assert state == "COMPLETED", out
     run_dir = Path(out.split("run folder: ")[1].split()[0])
@@ -110,6 +121,7 @@ def test_two_node_ddp_trains_in_step(slurm_cluster: SlurmCluster, tmp_path: Path
     assert {s["master_addr"] for s in starts} == {"127.0.0.11"}
     assert len({r[-1]["parameters_sha256"] for r in per_rank}) == 1  # all four replicas identical
     assert "nodes: 2" in (run_dir / "config.yaml").read_text()
+    assert {s["mode"] for s in starts} == {"zero" if strategy else "ddp"}
 
 
 def test_dp_sbatch_script_and_its_refusal_of_two_nodes(
@@ -146,6 +158,22 @@ def test_batch_script_without_srun_is_caught(slurm_cluster: SlurmCluster, tmp_pa
     )
     assert state == "FAILED", out
     assert "without srun" in out and "srun python -m train run RUN_DIR" in out
+
+
+def test_submitit_runs_zero_with_powersgd_on_two_nodes(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """The submit path takes every strategy: ZeRO with PowerSGD over 2 nodes × 2 tasks."""
+    args = [a for a in SUBMIT_DDP if a != "ddp"]
+    done = kit(
+        *args[:3], "zero", *args[3:], "--nodes", "2", "dist.comm_hook=powersgd", *SBATCH_SMALL,
+        *_kit_env(tmp_path), "--wait",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = run_folder(done.stdout)
+    per_rank = [records(run_dir, rank) for rank in range(4)]
+    assert {(r[0]["mode"], r[0]["world_size"]) for r in per_rank} == {("zero", 4)}
+    assert len({r[-1]["parameters_sha256"] for r in per_rank}) == 1
 
 
 @pytest.mark.parametrize(("binding", "seen"), [("node", ["0,1", "0,1"]), ("task", ["0", "1"])])

@@ -43,8 +43,20 @@ class Choice(str, Enum):
 
 
 class Mode(Choice):
+    """The strategy (train.strategies): every one but DP runs one process per GPU."""
+
     dp = "dp"  # nn.DataParallel: one process drives every GPU of one node
     ddp = "ddp"  # DistributedDataParallel: one process per GPU, one node or many
+    zero = "zero"  # DDP with the optimizer state sharded over the ranks (ZeroRedundancyOptimizer)
+
+
+class CommHook(Choice):
+    """What DDP's gradient all-reduce sends (DDP's communication hooks; ddp and zero only)."""
+
+    none = "none"  # the gradients as they are
+    fp16 = "fp16"  # cast to float16 for the all-reduce, back after
+    bf16 = "bf16"  # cast to bfloat16 likewise
+    powersgd = "powersgd"  # low-rank approximations (PowerSGD, rank 1, with error feedback)
 
 
 class Task(Choice):
@@ -156,6 +168,7 @@ class DistConfig:
     backend: DistBackend = DistBackend.auto
     port: int = 0  # 0: derived from the job id, so two jobs on one node never collide
     timeout_s: int = 300
+    comm_hook: CommHook = CommHook.none
 
 
 @dataclass
@@ -309,6 +322,7 @@ def _check_speed_options(cfg: Config) -> None:
             f"train.compile_mode={t.compile_mode} only applies to a compiled model: add "
             "train.compile=true, or drop train.compile_mode"
         )
+    _check_strategy(cfg)
     if t.cuda_graph and cfg.dist.backend == DistBackend.gloo:
         raise ConfigError(
             "train.cuda_graph=true captures the gradient all-reduce, which only NCCL can do "
@@ -321,18 +335,43 @@ def _check_speed_options(cfg: Config) -> None:
         )
 
 
+def _check_strategy(cfg: Config) -> None:
+    t, hook = cfg.train, cfg.dist.comm_hook
+    if cfg.mode == Mode.zero and (t.cuda_graph or t.compile):
+        key = "train.cuda_graph" if t.cuda_graph else "train.compile"
+        raise ConfigError(
+            f"{key}=true is not measured with --mode zero (its optimizer broadcasts parameters "
+            f"at every step): drop {key}, or use --mode ddp"
+        )
+    if hook != CommHook.none and not per_gpu(cfg.mode):
+        raise ConfigError(
+            f"dist.comm_hook={hook} compresses DDP's all-reduce; DataParallel has none: use "
+            "--mode ddp (or zero), or drop dist.comm_hook"
+        )
+    if hook != CommHook.none and t.cuda_graph:
+        raise ConfigError(
+            f"dist.comm_hook={hook} is a hook of DistributedDataParallel, which train.cuda_graph "
+            "replaces with the kit's own all-reduce: drop one of them"
+        )
+
+
 def world_size(cfg: Config) -> int:
-    """Processes in the job: one per GPU for DDP, one in all for DP."""
+    """Processes in the job: one per GPU (DDP and the strategies built on it), one for DP."""
     return cfg.cluster.nodes * tasks_per_node(cfg)
 
 
+def per_gpu(mode: Mode) -> bool:
+    """Whether the strategy runs one process per GPU (all but DP)."""
+    return mode != Mode.dp
+
+
 def tasks_per_node(cfg: Config) -> int:
-    return cfg.cluster.gpus_per_node if cfg.mode == Mode.ddp else 1
+    return cfg.cluster.gpus_per_node if per_gpu(cfg.mode) else 1
 
 
 def cpus_per_task(cfg: Config) -> int:
     """CPUs one task asks for: per GPU it drives (DP's one task drives them all)."""
-    gpus_per_task = 1 if cfg.mode == Mode.ddp else cfg.cluster.gpus_per_node
+    gpus_per_task = 1 if per_gpu(cfg.mode) else cfg.cluster.gpus_per_node
     return cfg.cluster.cpus_per_task * gpus_per_task
 
 
@@ -362,7 +401,7 @@ def check_hardware(cfg: Config, gpus_visible: int, local_tasks: int) -> None:
                 raise ConfigError(f"{key}=true needs a CUDA GPU and none is visible: drop it")
         return
     needed = cfg.cluster.gpus_per_node if cfg.mode == Mode.dp else local_tasks
-    if gpus_visible == 1 and cfg.mode == Mode.ddp:
+    if gpus_visible == 1 and per_gpu(cfg.mode):
         return  # --gpus-per-task: Slurm shows each task only its own GPU
     if needed > gpus_visible:
         raise ConfigError(

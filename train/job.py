@@ -1,7 +1,8 @@
 """What runs inside a job: the distributed prologue, data, model wrapping, the loop and its records.
 
-One loop serves every strategy. DP and DDP differ in two places only: how the model is wrapped
-(`_wrap`) and how many processes share the data (the sampler's replicas = the job's world size).
+One loop serves every strategy. Strategies differ in two places only: how the model and its
+optimizer are wrapped and saved (`train.strategies`) and how many processes share the data (the
+sampler's replicas = the job's world size: one process for DP, one per GPU for the others).
 """
 
 from __future__ import annotations
@@ -37,12 +38,14 @@ from train.config import (
     Precision,
     check_hardware,
     cpus_per_task,
+    per_gpu,
     per_rank_batch,
     world_size,
 )
 from train.errors import KitError, setup_logging
 from train.gpustats import GpuSampler
 from train.model import build
+from train.strategies import STRATEGIES, bare
 from train.timing import StepClock, process_start_time
 
 log = logging.getLogger("train")
@@ -186,7 +189,7 @@ def check_launch(cfg: Config, env: distenv.DistEnv, environ: dict[str, str] | No
             "run one task (slurm/dp.sbatch, --ntasks-per-node=1) or use --mode ddp"
         )
     raise LaunchError(
-        f"DDP expects cluster.nodes × cluster.gpus_per_node = {cfg.cluster.nodes} × "
+        f"--mode {cfg.mode} expects cluster.nodes × cluster.gpus_per_node = {cfg.cluster.nodes} × "
         f"{cfg.cluster.gpus_per_node} = {expected} processes, but {env.world_size} were started: "
         f"start {expected} tasks (one per GPU) or set cluster.gpus_per_node to the GPUs per node"
     )
@@ -198,7 +201,7 @@ def _setup(cfg: Config, env: distenv.DistEnv, run_dir: Path, stops: resume.StopS
     torch.backends.cudnn.benchmark = cfg.train.cudnn_benchmark
     # The same initial weights everywhere (DDP broadcasts rank 0's anyway).
     torch.manual_seed(cfg.train.seed)
-    if cfg.mode == Mode.ddp:
+    if per_gpu(cfg.mode):
         env.export()
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -251,36 +254,14 @@ def _load_data(ctx: Context) -> tuple[loaders.Batch, loaders.Batch]:
     )
 
 
-def _wrap(ctx: Context, model: nn.Module) -> nn.Module:
-    """DP or DDP around the bare model, compiled on top where train.compile asks; the bare model
-    itself where the kit's captured step does DDP's work (train.cuda_graph)."""
-    t = ctx.cfg.train
-    if t.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    if ctx.cfg.mode == Mode.dp:  # without GPUs DataParallel runs the bare module
-        return nn.DataParallel(model, device_ids=list(range(ctx.gpus)) or None)
-    if t.cuda_graph:  # the captured step does DDP's work, and compiles its forward and loss
-        return model
-    ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    wrapped = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    if not t.compile:
-        return wrapped
-    return typing.cast(nn.Module, torch.compile(wrapped, mode=t.compile_mode.value))
-
-
 def _model_and_optimizer(ctx: Context) -> tuple[nn.Module, torch.optim.Optimizer]:
-    model = _wrap(ctx, build(ctx.cfg.model.name, ctx.cfg.model.dropout).to(ctx.device))
-    t = ctx.cfg.train
-    # The captured step's update is PyTorch's fused SGD: one kernel for all parameters (the
-    # default, foreach, takes two); the same arithmetic. GPU only, as the captured step is.
-    fused = True if t.cuda_graph else None
-    return model, torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, fused=fused)
-
-
-def _bare(model: nn.Module) -> nn.Module:
-    """The model inside its wrappers (compile's, then DP's or DDP's)."""
-    model = getattr(model, "_orig_mod", model)
-    return typing.cast(nn.Module, getattr(model, "module", model))
+    """The model wrapped by the run's strategy, and its optimizer."""
+    model = build(ctx.cfg.model.name, ctx.cfg.model.dropout).to(ctx.device)
+    if ctx.cfg.train.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    strategy = STRATEGIES[ctx.cfg.mode]
+    wrapped = strategy.wrap(ctx.cfg, model, ctx.device, ctx.gpus)
+    return wrapped, strategy.optimizer(ctx.cfg, wrapped)
 
 
 def _step(ctx: Context, model: nn.Module, optimizer: Any, scaler: Any) -> Any:
@@ -310,7 +291,7 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
     test_loader = loaders.loader(test_images, test_labels, test_shard, eval_batch, ctx.device, cfg)
     ctx.lap("data")
     model, optimizer = _model_and_optimizer(ctx)
-    raw_model = _bare(model)
+    raw_model = bare(model)
     scaler = torch.amp.GradScaler(enabled=cfg.train.precision == Precision.fp16)
     torch.manual_seed(cfg.train.seed + env.rank)  # different dropout masks per rank
     progress = _restore(ctx, raw_model, optimizer, scaler)
@@ -389,7 +370,7 @@ def _end_epoch(
 ) -> dict[str, Any]:
     """Evaluate, write the epoch's record and log it."""
     eval_start = time.perf_counter()
-    scored = model if ctx.cfg.mode == Mode.dp else raw_model
+    scored = STRATEGIES[ctx.cfg.mode].scored(model)
     test_loss, accuracy = _evaluate(ctx, scored, test_loader)
     record = ctx.metrics.write(
         "epoch",

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from train import runfolder
 from train.config import Config, to_yaml
+from train.strategies import STRATEGIES
 
 log = logging.getLogger("train")
 
@@ -137,6 +138,8 @@ def save(
 ) -> None:
     """Every rank's progress and RNG gathered to rank 0, which writes one file (its rename is the
     commit: a reader sees the whole previous state or the whole new one), then the bare weights."""
+    # Every rank takes part: a sharded optimizer (ZeRO) gathers its state to rank 0 here.
+    optimizer_state = STRATEGIES[cfg.mode].optimizer_state(optimizer)
     mine = {"progress": asdict(progress), "rng": rng_state()}
     ranks = [mine]
     if dist.is_initialized():
@@ -150,7 +153,7 @@ def save(
         "epoch": progress.epoch,
         "batches": progress.batches,
         "model": raw_model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer_state,
         "scaler": scaler.state_dict(),
         "ranks": ranks,
     }

@@ -1,0 +1,102 @@
+"""The strategies beside DP and DDP, end to end on CPU with gloo: ZeRO and DDP's communication
+hooks train through the same loop, run folder and table; ZeRO saves and resumes its sharded
+optimizer state."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from kit import SMALL, kit, records, run_folder
+
+from train import runfolder
+
+TWO_RANKS = ["cluster.gpus_per_node=2"]
+STRATEGIES = {
+    "zero": ["--mode", "zero"],
+    "ddp+fp16": ["--mode", "ddp", "dist.comm_hook=fp16"],
+    "ddp+bf16": ["--mode", "ddp", "dist.comm_hook=bf16"],
+    "ddp+powersgd": ["--mode", "ddp", "dist.comm_hook=powersgd"],
+}
+
+
+def _submit(tmp: Path, *args: str, wait: bool = True) -> Path:
+    where = [f"output.root={tmp}/runs", f"data.root={tmp}/data", "cluster.backend=local"]
+    done = kit("launch", "submit", *args, *where, *(["--wait"] if wait else []))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return run_folder(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
+    tmp = tmp_path_factory.mktemp("strategies")
+    made = {name: _submit(tmp, *args, *TWO_RANKS, *SMALL) for name, args in STRATEGIES.items()}
+    made["ddp"] = _submit(tmp, "--mode", "ddp", *TWO_RANKS, *SMALL)
+    return tmp, made
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_each_strategy_trains_with_its_ranks_in_step(
+    runs: tuple[Path, dict[str, Path]], name: str
+) -> None:
+    """Both ranks end with the same parameters (ZeRO's owners broadcast their updates; a hook
+    gives every rank the same decompressed average), and the loss falls."""
+    run_dir = runs[1][name]
+    per_rank = [records(run_dir, rank) for rank in (0, 1)]
+    for recs in per_rank:
+        assert [r["kind"] for r in recs] == ["start", "epoch", "epoch", "summary"]
+    assert per_rank[0][0]["mode"] == name.split("+")[0]
+    summaries = [recs[-1] for recs in per_rank]
+    assert summaries[0]["parameters_sha256"] == summaries[1]["parameters_sha256"]
+    epochs = [r for r in per_rank[0] if r["kind"] == "epoch"]
+    assert epochs[1]["train_loss"] < epochs[0]["train_loss"]
+
+
+def test_zero_saves_the_whole_optimizer_state(runs: tuple[Path, dict[str, Path]]) -> None:
+    """Each rank holds a shard; the checkpoint holds all of it (gathered to rank 0), in the
+    layout a plain SGD's state has, so the run resumes on any rank count's shards."""
+    state = torch.load(runfolder.state_path(runs[1]["zero"]), weights_only=False)
+    momenta = state["optimizer"]["state"]
+    assert len(momenta) == 8  # the ConvNet's 4 weights and 4 biases, each with its buffer
+    assert all("momentum_buffer" in s for s in momenta.values())
+
+
+def test_the_table_shows_each_strategy_beside_dp_and_ddp(
+    runs: tuple[Path, dict[str, Path]],
+) -> None:
+    done = kit("analysis", "summarize", "--root", f"{runs[0]}/runs")
+    assert done.returncode == 0, done.stderr
+    header = next(line for line in done.stdout.splitlines() if line.startswith("| metric"))
+    assert header == (
+        "| metric | DP | DDP | DDP + fp16 hook | DDP + bf16 hook | DDP + PowerSGD | ZeRO "
+        "| DDP vs DP | DDP + fp16 hook vs DDP | DDP + bf16 hook vs DDP | DDP + PowerSGD vs DDP "
+        "| ZeRO vs DDP |"
+    )
+    assert done.stdout.count("## Group") == 1  # one table: only the strategy differs
+
+
+def test_zero_stopped_and_resumed_ends_as_if_never_stopped(tmp_path: Path) -> None:
+    """Stopped by the time-limit signal inside its second epoch, saved (the shards gathered),
+    resumed (the whole state re-sharded): the parameters of the run that was never stopped."""
+    work = ["--mode", "zero", *TWO_RANKS, "data.train_size=3072", "data.test_size=256",
+            "train.epochs=4", "cluster.cpus_per_task=1", "cluster.timeout_min=10"]  # fmt: skip
+    reference = _submit(tmp_path / "reference", *work)
+    run_dir = _submit(tmp_path / "stopped", *work, wait=False)
+    deadline = time.monotonic() + 180
+    while not runfolder.of_kind(runfolder.read_rank(run_dir, 0), "epoch"):
+        assert time.monotonic() < deadline, "no epoch within 180 s"
+        time.sleep(0.2)
+    for rank in (0, 1):
+        os.kill(runfolder.of_kind(runfolder.read_rank(run_dir, rank), "start")[0]["pid"],
+                signal.SIGUSR2)  # fmt: skip
+    while " STOPPED " not in kit("launch", "status", str(run_dir)).stdout:
+        assert time.monotonic() < deadline, "not STOPPED within 180 s"
+        time.sleep(0.5)
+    resumed = kit("launch", "resume", str(run_dir), "--wait")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    hashes = {records(d, r)[-1]["parameters_sha256"] for d in (reference, run_dir) for r in (0, 1)}
+    assert len(hashes) == 1

@@ -1,0 +1,110 @@
+"""Strategies: how a process wraps the model and its optimizer, and how their state is saved.
+
+One class per strategy, picked by `--mode` (`STRATEGIES[cfg.mode]`); the loop only calls these
+methods. The next strategy is one class here, one `Mode` member and its validation in
+`train.config`.
+
+- `dp`: `nn.DataParallel`, one process driving every GPU of its node;
+- `ddp`: `DistributedDataParallel`, one process per GPU; `dist.comm_hook` compresses its
+  all-reduce (fp16, bf16, PowerSGD);
+- `zero`: DDP with the optimizer state sharded over the ranks (`ZeroRedundancyOptimizer`).
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from train.config import CommHook, Config, Mode
+
+# PowerSGD's settings: rank-1 approximations after 10 steps of plain all-reduce (its error
+# feedback needs a few exact steps first); tensors it would not shrink 2× are sent whole.
+POWERSGD_RANK, POWERSGD_START, POWERSGD_MIN_RATE = 1, 10, 2
+
+
+class DDP:
+    """One process per GPU; DDP's reducer averages the gradients. With train.cuda_graph the bare
+    model is returned: the kit's captured step does DDP's work itself (train.steps)."""
+
+    def wrap(self, cfg: Config, model: nn.Module, device: torch.device, gpus: int) -> nn.Module:
+        t = cfg.train
+        if t.cuda_graph:
+            return model
+        ids = [device.index] if device.type == "cuda" else None
+        wrapped = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        _register_hook(wrapped, cfg.dist.comm_hook)
+        if not t.compile:
+            return wrapped
+        return typing.cast(nn.Module, torch.compile(wrapped, mode=t.compile_mode.value))
+
+    def optimizer(self, cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
+        t = cfg.train
+        # The captured step's update is PyTorch's fused SGD: one kernel for all parameters (the
+        # default, foreach, takes two); the same arithmetic. GPU only, as the captured step is.
+        fused = True if t.cuda_graph else None
+        return torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, fused=fused)
+
+    def scored(self, model: nn.Module) -> nn.Module:
+        """The module evaluation runs: each rank scores its shard with the bare model."""
+        return bare(model)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        """Called on every rank (a collective where the state is sharded); rank 0's result is
+        the whole state, the one a checkpoint holds."""
+        return optimizer.state_dict()
+
+
+class DataParallel(DDP):
+    """One process drives every GPU of the node: scatter, replicate, parallel apply, gather."""
+
+    def wrap(self, cfg: Config, model: nn.Module, device: torch.device, gpus: int) -> nn.Module:
+        return nn.DataParallel(model, device_ids=list(range(gpus)) or None)  # CPU: bare module
+
+    def scored(self, model: nn.Module) -> nn.Module:
+        return model  # DP scores a batch over all its GPUs
+
+
+class Zero(DDP):
+    """DDP's gradients, with each rank keeping and updating only its share of the optimizer
+    state (ZeRO stage 1); the updated parameters are broadcast from their owners."""
+
+    def optimizer(self, cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
+        t = cfg.train
+        return ZeroRedundancyOptimizer(
+            model.parameters(), optimizer_class=torch.optim.SGD, lr=t.lr, momentum=t.momentum
+        )
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        zero = typing.cast(ZeroRedundancyOptimizer, optimizer)
+        zero.consolidate_state_dict(to=0)  # every rank sends its shard to rank 0
+        return zero.state_dict() if dist.get_rank() == 0 else None
+
+
+STRATEGIES: dict[Mode, DDP] = {Mode.dp: DataParallel(), Mode.ddp: DDP(), Mode.zero: Zero()}
+
+
+def bare(model: nn.Module) -> nn.Module:
+    """The model inside its wrappers (compile's, then DP's or DDP's)."""
+    model = getattr(model, "_orig_mod", model)
+    return typing.cast(nn.Module, getattr(model, "module", model))
+
+
+def _register_hook(model: nn.parallel.DistributedDataParallel, hook: CommHook) -> None:
+    if hook == CommHook.fp16:
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == CommHook.bf16:
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif hook == CommHook.powersgd:
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=POWERSGD_RANK,
+            start_powerSGD_iter=POWERSGD_START,
+            min_compression_rate=POWERSGD_MIN_RATE,
+        )
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
