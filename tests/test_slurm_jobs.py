@@ -49,6 +49,15 @@ def _sbatch(cluster: SlurmCluster, tmp: Path, *args: str) -> tuple[str, str, str
     return job_id, cluster.wait_job(job_id), (tmp / f"slurm-{job_id}.out").read_text()
 
 
+def _wait_for_empty_queue(cluster: SlurmCluster) -> None:
+    """Jobs of earlier tests may still be ending (their processes exit after the result is
+    written, holding their GPUs until then)."""
+    deadline = time.monotonic() + 120
+    while cluster.run("squeue", "-h").stdout.strip():
+        assert time.monotonic() < deadline, "earlier tests' jobs still queued after 120 s"
+        time.sleep(0.5)
+
+
 def _kit_env(tmp: Path) -> list[str]:
     return [f"output.root={tmp}/runs", f"data.root={tmp}/data"]
 
@@ -174,12 +183,15 @@ def test_submitit_runs_zero_with_powersgd_on_two_nodes(
     per_rank = [records(run_dir, rank) for rank in range(4)]
     assert {(r[0]["mode"], r[0]["world_size"]) for r in per_rank} == {("zero", 4)}
     assert len({r[-1]["parameters_sha256"] for r in per_rank}) == 1
+    job_id = json.loads((run_dir / "run.json").read_text())["job_id"]
+    assert wait_job(job_id, timeout=60, env=slurm_cluster.env) == "COMPLETED"
 
 
 @pytest.mark.parametrize(("binding", "seen"), [("node", ["0,1", "0,1"]), ("task", ["0", "1"])])
 def test_submitit_ddp_binds_gpus(
     slurm_cluster: SlurmCluster, tmp_path: Path, binding: str, seen: list[str]
 ) -> None:
+    _wait_for_empty_queue(slurm_cluster)  # which GPUs a job gets depends on the free ones
     done = kit(
         *SUBMIT_DDP,
         f"cluster.gpu_binding={binding}",
@@ -331,12 +343,7 @@ def test_sweep_is_one_array_that_analysis_compares(
 def test_dry_run_prints_the_script_and_submits_nothing(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    # Jobs of earlier tests may still be ending (their processes exit after the result is
-    # written): start from an empty queue, so an empty queue after the dry run means something.
-    deadline = time.monotonic() + 120
-    while slurm_cluster.run("squeue", "-h").stdout.strip():
-        assert time.monotonic() < deadline, "earlier tests' jobs still queued after 120 s"
-        time.sleep(0.5)
+    _wait_for_empty_queue(slurm_cluster)  # so an empty queue after the dry run means something
     done = kit(
         "launch",
         "submit",
