@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from analysis.table import NM, STRATEGIES, Group
 
 COLOURS = {"dp": "tab:orange", "ddp": "tab:blue", "ddp+fp16": "tab:cyan", "ddp+bf16": "tab:green",
-           "ddp+powersgd": "tab:olive", "zero": "tab:purple"}  # fmt: skip
+           "ddp+powersgd": "tab:olive", "zero": "tab:purple", "fsdp": "tab:red"}  # fmt: skip
 OTHER = "tab:gray"  # a strategy without its own colour
 
 

@@ -29,6 +29,7 @@ STRATEGIES = {
     **{f"ddp+{hook}": f"DDP + {label}" for hook, label in HOOKS.items()},
     "zero": "ZeRO",
     **{f"zero+{hook}": f"ZeRO + {label}" for hook, label in HOOKS.items()},
+    "fsdp": "FSDP",
 }
 COMPARISON = "ddp_vs_dp"  # the improvement column's key in csv/json
 NM = "n/m"  # not measured

@@ -144,17 +144,39 @@ CASES = [
     ),
     *[
         Case(
-            f"{key} with ZeRO",
+            f"{key} with {mode}",
             (f"{key}=true",),
-            (f"{key}=true is not measured with --mode zero", "use --mode ddp"),
-            mode=("--mode", "zero"),
+            (f"{key}=true is not measured with --mode {mode}", "use --mode ddp"),
+            mode=("--mode", mode),
         )
         for key in ("train.compile", "train.cuda_graph")
+        for mode in ("zero", "fsdp")
     ],
+    *[
+        Case(
+            f"largest batch with {mode}",
+            ("task=largest_batch",),
+            (f"task=largest_batch with --mode {mode}", "search with --mode ddp for now"),
+            mode=("--mode", mode),
+        )
+        for mode in ("zero", "fsdp")
+    ],
+    Case(
+        "fp16 with FSDP",
+        ("train.precision=fp16",),
+        ("train.precision=fp16 with --mode fsdp", "use train.precision=bf16"),
+        mode=("--mode", "fsdp"),
+    ),
+    Case(
+        "comm hook with FSDP",
+        ("dist.comm_hook=bf16",),
+        ("--mode fsdp has none", "use --mode ddp (or zero)"),
+        mode=("--mode", "fsdp"),
+    ),
     Case(
         "comm hook with DP",
         ("dist.comm_hook=bf16",),
-        ("DataParallel has none", "use --mode ddp (or zero)"),
+        ("--mode dp has none", "use --mode ddp (or zero)"),
         mode=("--mode", "dp"),
     ),
     Case(
@@ -170,7 +192,7 @@ CASES = [
     Case(
         "unknown mode",
         (),
-        ("invalid choice: 'fsdp2'", "choose from 'dp', 'ddp', 'zero'"),
+        ("invalid choice: 'fsdp2'", "choose from 'dp', 'ddp', 'zero', 'fsdp'"),
         mode=("--mode", "fsdp2"),
     ),
     Case(

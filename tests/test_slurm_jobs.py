@@ -169,19 +169,26 @@ def test_batch_script_without_srun_is_caught(slurm_cluster: SlurmCluster, tmp_pa
     assert "without srun" in out and "srun python -m train run RUN_DIR" in out
 
 
-def test_submitit_runs_zero_with_powersgd_on_two_nodes(
-    slurm_cluster: SlurmCluster, tmp_path: Path
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        pytest.param(["zero", "dist.comm_hook=powersgd"], id="zero"),
+        pytest.param(["fsdp"], id="fsdp"),
+    ],
+)
+def test_submitit_runs_sharded_strategies_on_two_nodes(
+    slurm_cluster: SlurmCluster, tmp_path: Path, strategy: list[str]
 ) -> None:
-    """The submit path takes every strategy: ZeRO with PowerSGD over 2 nodes × 2 tasks."""
+    """The submit path takes every strategy: ZeRO with PowerSGD, FSDP, over 2 nodes × 2 tasks."""
     args = [a for a in SUBMIT_DDP if a != "ddp"]
     done = kit(
-        *args[:3], "zero", *args[3:], "--nodes", "2", "dist.comm_hook=powersgd", *SBATCH_SMALL,
-        *_kit_env(tmp_path), "--wait",
+        *args[:3], *strategy, *args[3:], "--nodes", "2", *SBATCH_SMALL, *_kit_env(tmp_path),
+        "--wait",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir = run_folder(done.stdout)
     per_rank = [records(run_dir, rank) for rank in range(4)]
-    assert {(r[0]["mode"], r[0]["world_size"]) for r in per_rank} == {("zero", 4)}
+    assert {(r[0]["mode"], r[0]["world_size"]) for r in per_rank} == {(strategy[0], 4)}
     assert len({r[-1]["parameters_sha256"] for r in per_rank}) == 1
     job_id = json.loads((run_dir / "run.json").read_text())["job_id"]
     assert wait_job(job_id, timeout=60, env=slurm_cluster.env) == "COMPLETED"

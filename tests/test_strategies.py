@@ -1,6 +1,6 @@
-"""The strategies beside DP and DDP, end to end on CPU with gloo: ZeRO and DDP's communication
-hooks train through the same loop, run folder and table; ZeRO saves and resumes its sharded
-optimizer state."""
+"""The strategies beside DP and DDP, end to end on CPU with gloo: ZeRO, FSDP and DDP's
+communication hooks train through the same loop, run folder and table; the sharded ones save
+their whole state and resume from it."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ STRATEGIES = {
     "ddp+fp16": ["--mode", "ddp", "dist.comm_hook=fp16"],
     "ddp+bf16": ["--mode", "ddp", "dist.comm_hook=bf16"],
     "ddp+powersgd": ["--mode", "ddp", "dist.comm_hook=powersgd"],
+    "fsdp": ["--mode", "fsdp"],
 }
 
 
@@ -65,6 +66,15 @@ def test_zero_saves_the_whole_optimizer_state(runs: tuple[Path, dict[str, Path]]
     assert all("momentum_buffer" in s for s in momenta.values())
 
 
+def test_fsdp_averages_gradients_as_ddp_does(runs: tuple[Path, dict[str, Path]]) -> None:
+    """Gathered from its shards, FSDP's model ends where DDP's does from the same start (a
+    gradient summed instead of averaged over the ranks would leave it far off)."""
+    fsdp, ddp = (torch.load(runs[1][name] / "checkpoints" / "model.pt") for name in ("fsdp", "ddp"))
+    assert fsdp.keys() == ddp.keys()  # the bare model's keys: loads into a plain ConvNet
+    for key in ddp:
+        assert torch.allclose(fsdp[key], ddp[key], atol=1e-5), key
+
+
 def test_the_table_shows_each_strategy_beside_dp_and_ddp(
     runs: tuple[Path, dict[str, Path]],
 ) -> None:
@@ -72,17 +82,20 @@ def test_the_table_shows_each_strategy_beside_dp_and_ddp(
     assert done.returncode == 0, done.stderr
     header = next(line for line in done.stdout.splitlines() if line.startswith("| metric"))
     assert header == (
-        "| metric | DP | DDP | DDP + fp16 hook | DDP + bf16 hook | DDP + PowerSGD | ZeRO "
+        "| metric | DP | DDP | DDP + fp16 hook | DDP + bf16 hook | DDP + PowerSGD | ZeRO | FSDP "
         "| DDP vs DP | DDP + fp16 hook vs DDP | DDP + bf16 hook vs DDP | DDP + PowerSGD vs DDP "
-        "| ZeRO vs DDP |"
+        "| ZeRO vs DDP | FSDP vs DDP |"
     )
     assert done.stdout.count("## Group") == 1  # one table: only the strategy differs
 
 
-def test_zero_stopped_and_resumed_ends_as_if_never_stopped(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["zero", "fsdp"])
+def test_sharded_run_stopped_and_resumed_ends_as_if_never_stopped(
+    tmp_path: Path, mode: str
+) -> None:
     """Stopped by the time-limit signal inside its second epoch, saved (the shards gathered),
     resumed (the whole state re-sharded): the parameters of the run that was never stopped."""
-    work = ["--mode", "zero", *TWO_RANKS, "data.train_size=3072", "data.test_size=256",
+    work = ["--mode", mode, *TWO_RANKS, "data.train_size=3072", "data.test_size=256",
             "train.epochs=4", "cluster.cpus_per_task=1", "cluster.timeout_min=10"]  # fmt: skip
     reference = _submit(tmp_path / "reference", *work)
     run_dir = _submit(tmp_path / "stopped", *work, wait=False)

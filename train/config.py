@@ -48,6 +48,7 @@ class Mode(Choice):
     dp = "dp"  # nn.DataParallel: one process drives every GPU of one node
     ddp = "ddp"  # DistributedDataParallel: one process per GPU, one node or many
     zero = "zero"  # DDP with the optimizer state sharded over the ranks (ZeroRedundancyOptimizer)
+    fsdp = "fsdp"  # parameters, gradients and optimizer state sharded (FSDP2's fully_shard)
 
 
 class CommHook(Choice):
@@ -337,16 +338,27 @@ def _check_speed_options(cfg: Config) -> None:
 
 def _check_strategy(cfg: Config) -> None:
     t, hook = cfg.train, cfg.dist.comm_hook
-    if cfg.mode == Mode.zero and (t.cuda_graph or t.compile):
+    sharded = cfg.mode in (Mode.zero, Mode.fsdp)
+    if sharded and (t.cuda_graph or t.compile):
         key = "train.cuda_graph" if t.cuda_graph else "train.compile"
         raise ConfigError(
-            f"{key}=true is not measured with --mode zero (its optimizer broadcasts parameters "
-            f"at every step): drop {key}, or use --mode ddp"
+            f"{key}=true is not measured with --mode {cfg.mode} (its step gathers or broadcasts "
+            f"parameters): drop {key}, or use --mode ddp"
         )
-    if hook != CommHook.none and not per_gpu(cfg.mode):
+    if sharded and cfg.task == Task.largest_batch:
         raise ConfigError(
-            f"dist.comm_hook={hook} compresses DDP's all-reduce; DataParallel has none: use "
-            "--mode ddp (or zero), or drop dist.comm_hook"
+            f"task=largest_batch with --mode {cfg.mode}: a rank out of memory would leave the "
+            "others waiting in the step's collectives; search with --mode ddp for now"
+        )
+    if cfg.mode == Mode.fsdp and t.precision == Precision.fp16:
+        raise ConfigError(
+            "train.precision=fp16 with --mode fsdp: its gradient scaler does not handle sharded "
+            "gradients; use train.precision=bf16"
+        )
+    if hook != CommHook.none and cfg.mode not in (Mode.ddp, Mode.zero):
+        raise ConfigError(
+            f"dist.comm_hook={hook} compresses DistributedDataParallel's all-reduce; --mode "
+            f"{cfg.mode} has none: use --mode ddp (or zero), or drop dist.comm_hook"
         )
     if hook != CommHook.none and t.cuda_graph:
         raise ConfigError(

@@ -45,7 +45,7 @@ from train.config import (
 from train.errors import KitError, setup_logging
 from train.gpustats import GpuSampler
 from train.model import build
-from train.strategies import STRATEGIES, bare
+from train.strategies import STRATEGIES
 from train.timing import StepClock, process_start_time
 
 log = logging.getLogger("train")
@@ -285,16 +285,17 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
     batches = _ResumeSampler(sampler)
     batch = per_rank_batch(cfg)
     loader = loaders.loader(train_images, train_labels, batches, batch, ctx.device, cfg)
+    strategy = STRATEGIES[cfg.mode]
     # Evaluation takes the training batch, so no phase needs more memory per card than training.
-    test_shard = range(env.rank, len(test_labels), env.world_size)
+    whole = range(len(test_labels))
+    test_shard = whole[env.rank :: env.world_size] if strategy.shards_evaluation else whole
     eval_batch = batch * cfg.train.grad_accum_steps
     test_loader = loaders.loader(test_images, test_labels, test_shard, eval_batch, ctx.device, cfg)
     ctx.lap("data")
     model, optimizer = _model_and_optimizer(ctx)
-    raw_model = bare(model)
     scaler = torch.amp.GradScaler(enabled=cfg.train.precision == Precision.fp16)
     torch.manual_seed(cfg.train.seed + env.rank)  # different dropout masks per rank
-    progress = _restore(ctx, raw_model, optimizer, scaler)
+    progress = _restore(ctx, model, optimizer, scaler)
     step = _step(ctx, model, optimizer, scaler)
     gpus = GpuSampler(_driven_gpus(ctx))
     ctx.lap("model_and_state")
@@ -315,13 +316,13 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
         figures, stop = _train_epoch(ctx, model, loader, step, progress)
         gpus.pause()
         if stop:
-            return _stop(ctx, stop, progress, (raw_model, optimizer, scaler))
-        epochs.append(_end_epoch(ctx, model, raw_model, test_loader, progress, figures))
+            return _stop(ctx, stop, progress, (model, optimizer, scaler))
+        epochs.append(_end_epoch(ctx, model, test_loader, progress, figures))
         progress = resume.Progress(epoch=progress.epoch + 1)
         if cfg.train.checkpoint:
-            resume.save(ctx.run_dir, cfg, raw_model, optimizer, scaler, progress)
+            resume.save(ctx.run_dir, cfg, model, optimizer, scaler, progress)
     gpus.close()
-    return _summary(ctx, epochs, started, raw_model, gpus)
+    return _summary(ctx, epochs, started, model, gpus)
 
 
 class _ResumeSampler(torch.utils.data.Sampler[int]):
@@ -342,15 +343,14 @@ class _ResumeSampler(torch.utils.data.Sampler[int]):
         return loaders.sampler_order(self.sampler)[self.skip :]
 
 
-def _restore(ctx: Context, raw_model: nn.Module, optimizer: Any, scaler: Any) -> resume.Progress:
+def _restore(ctx: Context, model: nn.Module, optimizer: Any, scaler: Any) -> resume.Progress:
     """Load the run's saved state where there is one: weights, optimizer, scaler, RNG, position."""
     if not ctx.cfg.train.checkpoint:
         return resume.Progress()
     state = resume.load(ctx.run_dir, ctx.cfg, ctx.env.rank, ctx.env.world_size)
     if state is None:
         return resume.Progress()
-    raw_model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    STRATEGIES[ctx.cfg.mode].load(model, optimizer, state)
     scaler.load_state_dict(state["scaler"])
     resume.set_rng_state(state["mine"]["rng"])
     progress = resume.Progress(**state["mine"]["progress"])
@@ -363,7 +363,6 @@ def _restore(ctx: Context, raw_model: nn.Module, optimizer: Any, scaler: Any) ->
 def _end_epoch(
     ctx: Context,
     model: nn.Module,
-    raw_model: nn.Module,
     test_loader: Iterable[loaders.Batch],
     progress: resume.Progress,
     figures: dict[str, Any],
@@ -624,10 +623,10 @@ def _cpu_name() -> str:
     return f"CPU {platform.processor() or platform.machine()}"
 
 
-def parameters_sha256(model: nn.Module) -> str:
+def parameters_sha256(weights: dict[str, torch.Tensor]) -> str:
     """A fingerprint of the weights: DDP replicas that stayed in sync have the same one."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(weights.items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
@@ -637,7 +636,7 @@ def _summary(
     ctx: Context,
     epochs: list[dict[str, Any]],
     started: float,
-    raw_model: nn.Module,
+    model: nn.Module,
     gpus: GpuSampler,
 ) -> dict[str, Any]:
     """The run's end: over every attempt, each epoch once (earlier attempts from the run folder)."""
@@ -652,6 +651,7 @@ def _summary(
         final_test_loss=last["test_loss"],
         final_test_accuracy=last["test_accuracy"],
         checkpoint=checkpoint,
-        parameters_sha256=parameters_sha256(raw_model),
+        # The whole weights (gathered where sharded: a collective every rank joins).
+        parameters_sha256=parameters_sha256(STRATEGIES[ctx.cfg.mode].model_state(model)),
         gpus=gpus.figures(),  # one entry per GPU this process drove; empty on CPU
     )

@@ -131,15 +131,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save(
     run_dir: Path,
     cfg: Config,
-    raw_model: torch.nn.Module,
+    model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
     progress: Progress,
 ) -> None:
     """Every rank's progress and RNG gathered to rank 0, which writes one file (its rename is the
     commit: a reader sees the whole previous state or the whole new one), then the bare weights."""
-    # Every rank takes part: a sharded optimizer (ZeRO) gathers its state to rank 0 here.
-    optimizer_state = STRATEGIES[cfg.mode].optimizer_state(optimizer)
+    # Every rank takes part: a sharded strategy gathers its state here (to rank 0 at least).
+    strategy = STRATEGIES[cfg.mode]
+    model_state = strategy.model_state(model)
+    optimizer_state = strategy.optimizer_state(model, optimizer)
     mine = {"progress": asdict(progress), "rng": rng_state()}
     ranks = [mine]
     if dist.is_initialized():
@@ -152,7 +154,7 @@ def save(
         "config_sha256": config_hash(cfg),
         "epoch": progress.epoch,
         "batches": progress.batches,
-        "model": raw_model.state_dict(),
+        "model": model_state,
         "optimizer": optimizer_state,
         "scaler": scaler.state_dict(),
         "ranks": ranks,
@@ -160,7 +162,7 @@ def save(
     with runfolder.atomic_file(runfolder.state_path(run_dir)) as partial:
         torch.save(state, partial)
     with runfolder.atomic_file(runfolder.checkpoint_path(run_dir)) as partial:
-        torch.save(raw_model.state_dict(), partial)  # weights alone, for a bare model
+        torch.save(model_state, partial)  # weights alone, for a bare model
 
 
 def load(run_dir: Path, cfg: Config, rank: int, world_size: int) -> dict[str, Any] | None:

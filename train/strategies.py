@@ -7,7 +7,11 @@ methods. The next strategy is one class here, one `Mode` member and its validati
 - `dp`: `nn.DataParallel`, one process driving every GPU of its node;
 - `ddp`: `DistributedDataParallel`, one process per GPU; `dist.comm_hook` compresses its
   all-reduce (fp16, bf16, PowerSGD);
-- `zero`: DDP with the optimizer state sharded over the ranks (`ZeroRedundancyOptimizer`).
+- `zero`: DDP with the optimizer state sharded over the ranks (`ZeroRedundancyOptimizer`);
+- `fsdp`: parameters, gradients and optimizer state sharded (PyTorch's `fully_shard`, FSDP2).
+
+Checkpoints hold whole state dicts in the bare model's layout whatever the strategy (a sharded
+strategy gathers them first), so `checkpoints/model.pt` loads into a plain model everywhere.
 """
 
 from __future__ import annotations
@@ -19,9 +23,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from train.config import CommHook, Config, Mode
+
+# Imported where used: these packages pull in DTensor and FSDP, 2 s of every job's start-up
+# that only the strategies needing them should pay.
+if typing.TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 # PowerSGD's settings: rank-1 approximations after 10 steps of plain all-reduce (its error
 # feedback needs a few exact steps first); tensors it would not shrink 2× are sent whole.
@@ -31,6 +40,10 @@ POWERSGD_RANK, POWERSGD_START, POWERSGD_MIN_RATE = 1, 10, 2
 class DDP:
     """One process per GPU; DDP's reducer averages the gradients. With train.cuda_graph the bare
     model is returned: the kit's captured step does DDP's work itself (train.steps)."""
+
+    # Each rank scores its own share of the test split (False: every rank scores all of it,
+    # where a forward is a collective that every rank must join the same number of times).
+    shards_evaluation = True
 
     def wrap(self, cfg: Config, model: nn.Module, device: torch.device, gpus: int) -> nn.Module:
         t = cfg.train
@@ -54,10 +67,24 @@ class DDP:
         """The module evaluation runs: each rank scores its shard with the bare model."""
         return bare(model)
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+    def model_state(self, model: nn.Module) -> dict[str, Any]:
+        """The whole weights in the bare model's layout. Called on every rank (a collective
+        where they are sharded)."""
+        return bare(model).state_dict()
+
+    def optimizer_state(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, Any] | None:
         """Called on every rank (a collective where the state is sharded); rank 0's result is
         the whole state, the one a checkpoint holds."""
         return optimizer.state_dict()
+
+    def load(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> None:
+        """A checkpoint's whole state back into this rank's model and optimizer."""
+        bare(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
 
 
 class DataParallel(DDP):
@@ -75,18 +102,81 @@ class Zero(DDP):
     state (ZeRO stage 1); the updated parameters are broadcast from their owners."""
 
     def optimizer(self, cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
         t = cfg.train
         return ZeroRedundancyOptimizer(
             model.parameters(), optimizer_class=torch.optim.SGD, lr=t.lr, momentum=t.momentum
         )
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
-        zero = typing.cast(ZeroRedundancyOptimizer, optimizer)
+    def optimizer_state(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, Any] | None:
+        zero = typing.cast("ZeroRedundancyOptimizer", optimizer)
         zero.consolidate_state_dict(to=0)  # every rank sends its shard to rank 0
         return zero.state_dict() if dist.get_rank() == 0 else None
 
 
-STRATEGIES: dict[Mode, DDP] = {Mode.dp: DataParallel(), Mode.ddp: DDP(), Mode.zero: Zero()}
+class FSDP(DDP):
+    """Each layer's parameters sharded over the ranks (FSDP2's `fully_shard`, one unit per
+    child module that has parameters, then the root): gathered for the layer's forward and
+    backward, its gradients reduce-scattered, the optimizer updating the local shard only."""
+
+    shards_evaluation = False  # every forward gathers: all ranks must run the same batches
+
+    def wrap(self, cfg: Config, model: nn.Module, device: torch.device, gpus: int) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        for layer in model.children():
+            if next(layer.parameters(), None) is not None:
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    def scored(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def model_state(self, model: nn.Module) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(model, options=_whole())
+
+    def optimizer_state(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, Any] | None:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return typing.cast(
+            dict[str, Any], get_optimizer_state_dict(model, optimizer, options=_whole())
+        )
+
+    def load(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        set_model_state_dict(model, state["model"], options=_whole())
+        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=_whole())
+
+
+def _whole() -> StateDictOptions:
+    """Whole (unsharded) state dicts on every rank."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True)
+
+
+STRATEGIES: dict[Mode, DDP] = {
+    Mode.dp: DataParallel(),
+    Mode.ddp: DDP(),
+    Mode.zero: Zero(),
+    Mode.fsdp: FSDP(),
+}
 
 
 def bare(model: nn.Module) -> nn.Module:
