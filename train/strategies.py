@@ -11,7 +11,7 @@ methods. The next strategy is one class here, one `Mode` member and its validati
 - `fsdp`: parameters, gradients and optimizer state sharded (PyTorch's `fully_shard`, FSDP2).
 
 Checkpoints hold whole state dicts in the bare model's layout whatever the strategy (a sharded
-strategy gathers them first), so `checkpoints/model.pt` loads into a plain model everywhere.
+strategy gathers them first), so the saved weights load into a plain model everywhere.
 """
 
 from __future__ import annotations
