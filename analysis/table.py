@@ -42,13 +42,13 @@ class Group:
     number: int
     key: dict[str, Any]  # SETTINGS and HARDWARE values
     runs: pd.DataFrame
-    medians: dict[str, dict[str, float]]  # strategy → figure column → median (NaN: not measured)
+    # Strategy shown → figure column → median (NaN: not measured); in the order shown.
+    medians: dict[str, dict[str, float]]
 
     @property
     def columns(self) -> list[str]:
         """The strategies shown: DP and DDP, then any other the group ran."""
-        ran = set(self.runs["mode"])
-        return [*MODES, *(s for s in STRATEGIES if s not in MODES and s in ran)]
+        return list(self.medians)
 
     def run_ids(self, mode: str, task: str = "train") -> list[str]:
         chosen = (self.runs["mode"] == mode) & (self.runs["task"] == task)
@@ -89,7 +89,8 @@ def _matching_largest(train: pd.DataFrame, largest: pd.DataFrame) -> pd.DataFram
 
 def _medians(train: pd.DataFrame, largest: pd.DataFrame) -> dict[str, dict[str, float]]:
     medians: dict[str, dict[str, float]] = {}
-    for mode in STRATEGIES:
+    ran = set(train["mode"])  # largest-batch runs join only the strategies trained here
+    for mode in (s for s in STRATEGIES if s in MODES or s in ran):
         runs = train[train["mode"] == mode]
         figures = {f.column: _median(runs, f.column) for f in FIGURES}  # NaN if none
         best = (

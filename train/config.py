@@ -297,6 +297,7 @@ def validate(cfg: Config) -> None:
     _check_sbatch_extra(c.sbatch_extra)
     _check_batch_split(cfg)
     _check_speed_options(cfg)
+    _check_strategy(cfg)
 
 
 def _check_speed_options(cfg: Config) -> None:
@@ -323,7 +324,6 @@ def _check_speed_options(cfg: Config) -> None:
             f"train.compile_mode={t.compile_mode} only applies to a compiled model: add "
             "train.compile=true, or drop train.compile_mode"
         )
-    _check_strategy(cfg)
     if t.cuda_graph and cfg.dist.backend == DistBackend.gloo:
         raise ConfigError(
             "train.cuda_graph=true captures the gradient all-reduce, which only NCCL can do "

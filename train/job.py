@@ -564,7 +564,8 @@ def _driven_gpus(ctx: Context) -> list[int]:
 def _evaluate(
     ctx: Context, model: nn.Module, loader: Iterable[loaders.Batch]
 ) -> tuple[float, float]:
-    """Loss and accuracy over the whole test split: each rank scores its shard, then all sum."""
+    """Loss and accuracy over the whole test split: each rank scores what its loader serves (its
+    shard, or all of it where the strategy says so), then all sum; the ratios are the same."""
     model.eval()
     totals = torch.zeros(3, device=ctx.device, dtype=torch.float64)
     cast = steps.autocast(ctx.device, ctx.cfg.train.precision.value)

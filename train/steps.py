@@ -77,7 +77,7 @@ class GraphStep:
         channels_last: bool = False,
         compile: str | None = None,
     ) -> None:
-        self.model, self.optimizer, self.accum, self.autocast = model, optimizer, accum, autocast
+        self.optimizer, self.accum, self.autocast = optimizer, accum, autocast
         self.batch, self.channels_last = batch, channels_last
         self.side = torch.cuda.Stream()
         self.world = dist.get_world_size() if dist.is_initialized() else 1
