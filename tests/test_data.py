@@ -71,7 +71,7 @@ def test_prepare_data_command(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert (
-        tmp_path / "synthetic-seed0-200-20" / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
+        tmp_path / "synthetic-v2-seed0-200-20" / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
     ).is_file()
     missing = kit("train", "prepare-data", f"data.root={tmp_path}", "data.dataset=mnist")
     assert missing.returncode == 2 and "fetch-mnist" in missing.stderr

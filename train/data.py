@@ -28,6 +28,7 @@ FILES = {
     ("test", "images"): "t10k-images-idx3-ubyte",
     ("test", "labels"): "t10k-labels-idx1-ubyte",
 }
+SYNTHETIC_VERSION = 2  # raise it whenever `synthetic_digits` draws differently
 MEAN, STD = 0.1307, 0.3081  # MNIST's pixel statistics, as in pytorch/examples
 
 # 5×7 bitmaps of the digits 0–9: the strokes the synthetic images are drawn from.
@@ -53,7 +54,8 @@ def dataset_dir(dataset: str, root: str | Path, seed: int, train_size: int, test
     """The folder torchvision's MNIST(root=...) is pointed at."""
     if dataset == "mnist":
         return Path(root)
-    return Path(root) / f"synthetic-seed{seed}-{train_size}-{test_size}"
+    # The generator's version in the name: a copy made by an older kit is never read as this one.
+    return Path(root) / f"synthetic-v{SYNTHETIC_VERSION}-seed{seed}-{train_size}-{test_size}"
 
 
 def prepare_synthetic(folder: Path, seed: int, train_size: int, test_size: int) -> Path:
@@ -71,6 +73,7 @@ def prepare_synthetic(folder: Path, seed: int, train_size: int, test_size: int) 
         json.dumps(
             {
                 "generator": "train.data.synthetic_digits",
+                "version": SYNTHETIC_VERSION,
                 "seed": seed,
                 "sizes": [train_size, test_size],
             }
@@ -84,7 +87,12 @@ def prepare_synthetic(folder: Path, seed: int, train_size: int, test_size: int) 
 
 
 def synthetic_digits(count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """MNIST-shaped uint8 images of digits drawn with random pose, thickness and noise."""
+    """MNIST-shaped uint8 images of digits drawn with random pose, warp, stroke flaws and noise.
+
+    As hard as real MNIST for the kit's ConvNet: 99.07 and 99.10 % test accuracy after the
+    article's 10 epochs (2 seeds, 60k/10k; real MNIST: about 99 %). Without the flaws and the
+    warp every strategy scored 99.98–100 %, so accuracy could not tell runs apart.
+    """
     labels = rng.integers(0, 10, size=count).astype(np.uint8)
     images = np.empty((count, 28, 28), dtype=np.uint8)
     for start in range(0, count, 8192):  # chunks keep the float work under ~100 MB
@@ -93,21 +101,33 @@ def synthetic_digits(count: int, rng: np.random.Generator) -> tuple[np.ndarray, 
     return images, labels
 
 
+_PIXELS = np.mgrid[0:28, 0:28].astype(np.float32) - 13.5  # (y, x) from the image's centre
+_WARP_KNOTS = 4  # the warp: random offsets on a 4×4 grid, interpolated over the image
+_WARP = np.maximum(0, 1 - abs(np.linspace(0, _WARP_KNOTS - 1, 28)[:, None] - np.arange(4)))
+
+
 def _draw(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     n = len(labels)
     glyphs = np.array([[list(row) for row in g.split()] for g in _GLYPHS], dtype=np.float32)
-    angle = rng.uniform(-0.3, 0.3, n)
-    scale = rng.uniform(2.4, 3.2, n)  # pixels per glyph cell
-    shear = rng.uniform(-0.3, 0.3, n)
+    angle = rng.uniform(-0.45, 0.45, n)
+    scale = rng.uniform(2.2, 3.4, n)  # pixels per glyph cell
+    aspect = np.exp(rng.uniform(-0.2, 0.2, n))  # wider or taller
+    shear = rng.uniform(-0.45, 0.45, n)
     shift = rng.uniform(-2.5, 2.5, (n, 2))
-    ys, xs = np.mgrid[0:28, 0:28].astype(np.float32) - 13.5
+    ys, xs = _PIXELS
     cos, sin = np.cos(angle)[:, None, None], np.sin(angle)[:, None, None]
-    u = (cos * xs + sin * ys - shift[:, 0, None, None]) / scale[:, None, None]
-    v = (-sin * xs + cos * ys - shift[:, 1, None, None]) / scale[:, None, None]
+    u = (cos * xs + sin * ys - shift[:, 0, None, None]) / (scale * aspect)[:, None, None]
+    v = (-sin * xs + cos * ys - shift[:, 1, None, None]) / (scale / aspect)[:, None, None]
     u = u + shear[:, None, None] * v
+    # A smooth random warp (in glyph cells) bends strokes as handwriting does.
+    u = u + _WARP @ rng.normal(0, 0.4, (n, _WARP_KNOTS, _WARP_KNOTS)) @ _WARP.T
+    v = v + _WARP @ rng.normal(0, 0.4, (n, _WARP_KNOTS, _WARP_KNOTS)) @ _WARP.T
+    # Stroke flaws: 1 % of the glyph's cells flipped (a gap, a blot), some digits ambiguous.
+    cells = glyphs[labels]
+    cells = np.where(rng.random(cells.shape) < 0.01, 1 - cells, cells)
     col, row = np.floor(u + 2.5).astype(int), np.floor(v + 3.5).astype(int)
     inside = (col >= 0) & (col < 5) & (row >= 0) & (row < 7)
-    ink = glyphs[labels[:, None, None], row.clip(0, 6), col.clip(0, 4)] * inside
+    ink = cells[np.arange(n)[:, None, None], row.clip(0, 6), col.clip(0, 4)] * inside
     ink = _blur(ink, rng.uniform(0.6, 1.4, n))
     ink = ink * rng.uniform(0.7, 1.0, (n, 1, 1)) + rng.normal(0, 0.08, ink.shape)
     return (ink.clip(0, 1) * 255).astype(np.uint8)
