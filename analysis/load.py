@@ -114,13 +114,21 @@ SETTINGS: dict[str, Callable[[Config, dict[str, Any]], Any]] = {
     "grad_accum_steps": lambda cfg, start: cfg.train.grad_accum_steps,
     "precision": lambda cfg, start: cfg.train.precision,
     "model": lambda cfg, start: cfg.model.name,
-    "dataset": lambda cfg, start: cfg.data.dataset,
+    "dataset": lambda cfg, start: dataset_label(cfg),
     "train_samples": lambda cfg, start: start["train_samples"],
     "test_samples": lambda cfg, start: start["test_samples"],
     "nodes": lambda cfg, start: cfg.cluster.nodes,
     "gpus_per_node": lambda cfg, start: cfg.cluster.gpus_per_node,
     "speed_options": lambda cfg, start: speed_options(cfg),
 }
+
+
+def dataset_label(cfg: Config) -> str:
+    """The dataset as the table names it: with its shape where the settings choose one."""
+    d = cfg.data
+    if d.dataset == "patterns":
+        return f"patterns {d.channels}×{d.image_size}² ({d.classes} classes)"
+    return d.dataset
 
 
 def strategy_key(cfg: Config) -> str:
@@ -293,7 +301,16 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
 
 
 # A largest-batch result belongs to the training runs with the same shape and hardware.
-LARGEST_BATCH_KEYS = ("mode", "model", "precision", "nodes", "gpus_per_node", "device_name", "gpus")
+LARGEST_BATCH_KEYS = (
+    "mode",
+    "model",
+    "dataset",
+    "precision",
+    "nodes",
+    "gpus_per_node",
+    "device_name",
+    "gpus",
+)
 
 
 def _largest_batch_row(
@@ -310,6 +327,7 @@ def _largest_batch_row(
         "task": "largest_batch",
         "mode": strategy_key(cfg),
         "model": cfg.model.name,
+        "dataset": dataset_label(cfg),
         "precision": cfg.train.precision,
         "nodes": cfg.cluster.nodes,
         "gpus_per_node": cfg.cluster.gpus_per_node,

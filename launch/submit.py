@@ -16,8 +16,10 @@ from typing import Any
 
 import submitit
 
-from train import runfolder
+from train import factories, runfolder
 from train.config import (
+    DATASETS,
+    MODELS,
     Backend,
     Config,
     ConfigError,
@@ -82,9 +84,22 @@ def check_submission(cfg: Config, dry_run: bool = False) -> Backend:
             f"the local backend runs on one machine; cluster.nodes={cfg.cluster.nodes} needs Slurm"
         )
     runfolder.check_root(cfg.output.root)
+    if not dry_run:
+        _check_factories(cfg)
     if backend == Backend.local:
         check_hardware(cfg, _local_gpus(), tasks_per_node(cfg))
     return backend
+
+
+def _check_factories(cfg: Config) -> None:
+    """A user's model or dataset factory is imported here first: a wrong name or path fails now,
+    not in a queued job. Imported from this process's path, which the job inherits."""
+    for key, value, built_in in (
+        ("model.name", cfg.model.name, MODELS),
+        ("data.dataset", cfg.data.dataset, DATASETS),
+    ):
+        if value not in built_in:
+            factories.find(key, value)
 
 
 def _local_gpus() -> int:
@@ -287,7 +302,8 @@ def follow(
         first = runfolder.first_failure(run_dir)
         if first:  # the rank that failed first, not a peer that lost its connection to it
             say(f"job {job.job_id} failed: {runfolder.failure_words(first)}")
-            say(first.get("traceback_tail", "").rstrip())
+            if not first.get("kit_error"):  # a bug, not a setting: where it happened helps
+                say(first.get("traceback_tail", "").rstrip())
         else:
             say(f"job {job.job_id} failed: {err}")
         say(f"logs: python -m launch logs {run_dir}")

@@ -245,6 +245,51 @@ CASES = [
     ),
     Case("root with a space", ("output.root={tmp}/my runs",), SHELL_CHAR, SUBMIT_ONLY),
     Case("root with a %", ("output.root={tmp}/runs%j",), SHELL_CHAR, SUBMIT_ONLY),
+    Case(
+        "unknown model",
+        ("model.name=resnet",),
+        (
+            "model.name='resnet' is neither a built-in (convnet, resnet18)",
+            "package.module:function",
+        ),
+    ),
+    Case(
+        "unknown dataset",
+        ("data.dataset=cifar10",),
+        ("data.dataset='cifar10' is neither a built-in (synthetic, mnist, patterns)",),
+    ),
+    Case(
+        "shape of the digits",
+        ("data.image_size=64",),
+        ("data.image_size sets the shape of data.dataset=patterns", "add data.dataset=patterns"),
+    ),
+    Case(
+        "patterns too large",
+        ("data.dataset=patterns", "data.image_size=1024", "data.train_size=100000"),
+        ("is 322 GiB, generated in every rank's memory", "lower data.train_size"),
+    ),
+    Case("one class", ("data.dataset=patterns", "data.classes=1"), ("data.classes=1 must be",)),
+    Case(
+        "model factory not importable",
+        ("model.name=no_such_package.models:build",),
+        ("cannot import no_such_package.models", "add its folder to PYTHONPATH"),
+        (("submit",),),
+    ),
+    Case(
+        "model factory missing",
+        ("model.name=json:no_such_function",),
+        ("json has no attribute named no_such_function", "-> torch.nn.Module"),
+        (("submit",),),
+    ),
+    Case(
+        "dataset factory not a function",
+        ("data.dataset=json.decoder:WHITESPACE",),
+        (
+            "a Pattern, not a function, named WHITESPACE",
+            "function(train: bool) -> (inputs, labels)",
+        ),
+        (("submit",),),
+    ),
     Case("missing config", ("--config", "{tmp}/missing.yaml"), ("missing.yaml does not exist",)),
     Case(
         "invalid YAML",

@@ -48,13 +48,16 @@ def _run(args: argparse.Namespace) -> int:
 
 def _prepare(args: argparse.Namespace) -> int:
     from train import data
-    from train.config import Dataset, load_config
+    from train.config import load_config
 
     cfg = load_config(args.config_file, args.overrides)
     d = cfg.data
-    if d.dataset != Dataset.synthetic:
+    if d.dataset == "mnist":
         data.verify(Path(d.root), d.dataset)
         print(f"{d.root}: MNIST is in place")
+        return 0
+    if d.dataset != "synthetic":
+        print(f"data.dataset={d.dataset} is made in each job's memory: nothing to prepare")
         return 0
     folder = data.dataset_dir(d.dataset, d.root, cfg.train.seed, d.train_size, d.test_size)
     written = data.prepare_synthetic(folder, cfg.train.seed, d.train_size, d.test_size)

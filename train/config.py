@@ -80,13 +80,19 @@ class CompileMode(Choice):
     max_autotune = "max-autotune-no-cudagraphs"
 
 
-class Dataset(Choice):
-    synthetic = "synthetic"  # embedded digits, generated from the seed: needs nothing
-    mnist = "mnist"  # real MNIST: fetch it first with `python -m train fetch-mnist`
-
-
-class ModelName(Choice):
-    convnet = "convnet"  # the pytorch/examples MNIST ConvNet
+# What a run trains (train.workloads): a built-in name, or the user's own factory given as
+# `package.module:function`, imported in the job from its Python path.
+DATASETS = {
+    "synthetic": "embedded digits in MNIST's format, generated from the seed: needs nothing",
+    "mnist": "real MNIST: fetch it first with `python -m train fetch-mnist`",
+    "patterns": "embedded images of data.channels × data.image_size², data.classes classes",
+}
+MODELS = {
+    "convnet": "the pytorch/examples MNIST ConvNet (1.2 M parameters on 28×28 digits)",
+    "resnet18": "torchvision's ResNet-18 (11 M parameters), a 3×3 stem for images under 96²",
+}
+FACTORY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+FACTORY_RULE = "a factory `package.module:function` importable in the job"
 
 
 class Backend(Choice):
@@ -127,10 +133,14 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    dataset: Dataset = Dataset.synthetic
+    dataset: str = "synthetic"  # one of DATASETS, or a factory package.module:function
     root: str = "data"
-    train_size: int = 60000  # synthetic only
-    test_size: int = 10000  # synthetic only
+    train_size: int = 60000  # embedded datasets only
+    test_size: int = 10000  # embedded datasets only
+    # The shape of data.dataset=patterns (the digits and MNIST are 1 × 28², 10 classes).
+    channels: int = 3
+    image_size: int = 32
+    classes: int = 10
     num_workers: int = 0
     pin_memory: bool = True  # only where CUDA is available
     # Each GPU holds the whole split as uint8, normalises and gathers its batches itself, in the
@@ -140,7 +150,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    name: ModelName = ModelName.convnet
+    name: str = "convnet"  # one of MODELS, or a factory package.module:function
     dropout: bool = True
 
 
@@ -199,6 +209,9 @@ _RANGES: dict[str, tuple[int, int | None]] = {
     "data.train_size": (1, 1_000_000),  # the synthetic set is generated in memory
     "data.test_size": (1, 1_000_000),
     "data.num_workers": (0, 64),
+    "data.channels": (1, 64),
+    "data.image_size": (8, 1024),  # the ConvNet's two 3×3 convolutions and pooling need 6
+    "data.classes": (2, 1_000_000),
     "cluster.nodes": (1, None),
     "cluster.gpus_per_node": (1, 64),
     "cluster.cpus_per_task": (1, None),
@@ -295,9 +308,39 @@ def validate(cfg: Config) -> None:
             "cluster.backend=slurm (or --nodes 1)"
         )
     _check_sbatch_extra(c.sbatch_extra)
+    _check_workload(cfg)
     _check_batch_split(cfg)
     _check_speed_options(cfg)
     _check_strategy(cfg)
+
+
+PATTERN_BYTES = 32 << 30  # the patterns are generated in memory, in every rank
+
+
+def _check_workload(cfg: Config) -> None:
+    d = cfg.data
+    for key, known in (("data.dataset", DATASETS), ("model.name", MODELS)):
+        value = _get(cfg, key)
+        if value not in known and not FACTORY.fullmatch(value):
+            raise ConfigError(
+                f"{key}={value!r} is neither a built-in ({', '.join(known)}) nor {FACTORY_RULE}, "
+                f"e.g. {key}={next(iter(known))} or {key}=mypackage.{key.split('.')[0]}s:build"
+            )
+    shape = {"data.channels": 3, "data.image_size": 32, "data.classes": 10}
+    changed = [key for key, default in shape.items() if _get(cfg, key) != default]
+    if changed and d.dataset != "patterns":
+        raise ConfigError(
+            f"{changed[0]} sets the shape of data.dataset=patterns; data.dataset={d.dataset} has "
+            f"its own: drop {changed[0]}, or add data.dataset=patterns"
+        )
+    if d.dataset == "patterns":
+        size = (d.train_size + d.test_size) * d.channels * d.image_size**2
+        if size > PATTERN_BYTES:
+            raise ConfigError(
+                f"data.dataset=patterns of {d.train_size}+{d.test_size} images × {d.channels} × "
+                f"{d.image_size}² is {size / 2**30:.0f} GiB, generated in every rank's memory: "
+                f"at most {PATTERN_BYTES >> 30} GiB; lower data.train_size or data.image_size"
+            )
 
 
 def _check_speed_options(cfg: Config) -> None:

@@ -143,6 +143,43 @@ def _blur(ink: np.ndarray, strength: np.ndarray) -> np.ndarray:
     return np.clip(ink * (1 - weight) + neighbours * weight * 0.9, 0, 1)
 
 
+PATTERN_MEAN, PATTERN_STD = 0.48, 0.19  # synthetic_patterns' pixel statistics (measured)
+
+
+def pattern_grids(classes: int, channels: int, rng: np.random.Generator) -> np.ndarray:
+    """Each class of `synthetic_patterns`: a random 4×4 grid of colours (16 bytes a channel: a
+    million classes stay under 50 MB). Drawn once and shared by both splits."""
+    return rng.integers(0, 256, (classes, channels, 4, 4), dtype=np.uint8)
+
+
+def synthetic_patterns(
+    count: int, grids: np.ndarray, size: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 images (count, channels, size, size) of smooth colour patterns, one per class: the
+    class's grid interpolated over the image, shifted by up to a quarter of it, at a random
+    contrast, with noise."""
+    classes, channels = grids.shape[:2]
+    labels = rng.integers(0, classes, size=count)
+    images = np.empty((count, channels, size, size), dtype=np.uint8)
+    step = max(1, (8 << 20) // (channels * size * size))  # ~8 M pixels of float work at once
+    for start in range(0, count, step):
+        chunk = labels[start : start + step]
+        images[start : start + len(chunk)] = _pattern(grids[chunk], size, rng)
+    return images, labels
+
+
+def _pattern(grids: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    n = len(grids)
+    # Where each pixel falls on the 4×4 grid, shifted per image and axis.
+    at = np.linspace(0, 3, size)[None, :] + rng.uniform(-0.75, 0.75, (n, 2))[:, :, None]
+    weights = np.maximum(0, 1 - abs(at.clip(0, 3)[..., None] - np.arange(4)))  # (n, 2, size, 4)
+    rows, cols = weights[:, None, 0].astype(np.float32), weights[:, None, 1].astype(np.float32)
+    ink = rows @ (grids.astype(np.float32) / 255) @ cols.transpose(0, 1, 3, 2)
+    ink = 0.5 + (ink - 0.5) * rng.uniform(0.6, 1.0, (n, 1, 1, 1)).astype(np.float32)
+    ink += 0.1 * rng.standard_normal(ink.shape, dtype=np.float32)
+    return (ink.clip(0, 1) * 255).astype(np.uint8)
+
+
 def _write_idx(raw: Path, split: str, images: np.ndarray, labels: np.ndarray) -> None:
     raw.mkdir(parents=True, exist_ok=True)
     header = struct.pack(">IIII", IMAGE_MAGIC, len(images), 28, 28)

@@ -31,7 +31,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from train import data, distenv, loaders, resume, runfolder, steps
+from train import distenv, loaders, resume, runfolder, steps, workloads
 from train.config import (
     Config,
     Mode,
@@ -44,7 +44,6 @@ from train.config import (
 )
 from train.errors import KitError, setup_logging
 from train.gpustats import GpuSampler
-from train.model import build
 from train.strategies import STRATEGIES
 from train.timing import StepClock, process_start_time
 
@@ -71,6 +70,7 @@ class Context:
     # Where start-up went: seconds per phase, in order (written with the start record).
     startup: dict[str, float] = dataclasses.field(default_factory=dict)
     last_mark: float = dataclasses.field(default_factory=time.time)
+    parameters: int = 0  # the model's, whole
 
     def lap(self, phase: str) -> None:
         now = time.time()
@@ -151,6 +151,7 @@ def _record_failure(run_dir: Path, rank: int, err: BaseException) -> None:
             node=os.environ.get("SLURMD_NODENAME", socket.gethostname()),
             error=f"{type(err).__name__}: {err}"[:2000],
             traceback_tail="".join(lines)[-3000:],
+            kit_error=isinstance(err, KitError),  # its message names the fix: no trace needed
         )
 
 
@@ -241,22 +242,17 @@ def _dist_backend(cfg: Config) -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def _load_data(ctx: Context) -> tuple[loaders.Batch, loaders.Batch]:
-    """(uint8 images, labels) of the training and the test split."""
-    d, t = ctx.cfg.data, ctx.cfg.train
-    folder = data.dataset_dir(d.dataset, d.root, t.seed, d.train_size, d.test_size)
-    if d.dataset == "synthetic" and ctx.env.local_rank == 0:
-        data.prepare_synthetic(folder, t.seed, d.train_size, d.test_size)
+def _barrier() -> None:
     if dist.is_initialized():
-        dist.barrier()  # the other ranks of a node wait for its copy to be written
-    return data.load_raw(folder, d.dataset, train=True), data.load_raw(
-        folder, d.dataset, train=False
-    )
+        dist.barrier()
 
 
-def _model_and_optimizer(ctx: Context) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """The model wrapped by the run's strategy, and its optimizer."""
-    model = build(ctx.cfg.model.name, ctx.cfg.model.dropout).to(ctx.device)
+def _model_and_optimizer(
+    ctx: Context, shape: workloads.Shape, classes: int
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The model, built for the data's shape and wrapped by the run's strategy; its optimizer."""
+    model = workloads.build_model(ctx.cfg, shape, classes).to(ctx.device)
+    ctx.parameters = sum(p.numel() for p in model.parameters())  # before a strategy shards them
     if ctx.cfg.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
     strategy = STRATEGIES[ctx.cfg.mode]
@@ -278,21 +274,22 @@ def _step(ctx: Context, model: nn.Module, optimizer: Any, scaler: Any) -> Any:
 
 def _train(ctx: Context, started: float) -> dict[str, Any]:
     cfg, env = ctx.cfg, ctx.env
-    (train_images, train_labels), (test_images, test_labels) = _load_data(ctx)
+    work = workloads.load(cfg, env.local_rank, _barrier)
+    train_labels, test_labels = work.train[1], work.test[1]
     sampler: DistributedSampler[Any] = DistributedSampler(
         TensorDataset(train_labels), env.world_size, env.rank, shuffle=True, seed=cfg.train.seed
     )
     batches = _ResumeSampler(sampler)
     batch = per_rank_batch(cfg)
-    loader = loaders.loader(train_images, train_labels, batches, batch, ctx.device, cfg)
+    loader = loaders.loader(work.train, batches, batch, ctx.device, cfg, work.normalise)
     strategy = STRATEGIES[cfg.mode]
     # Evaluation takes the training batch, so no phase needs more memory per card than training.
     whole = range(len(test_labels))
     test_shard = whole[env.rank :: env.world_size] if strategy.shards_evaluation else whole
     eval_batch = batch * cfg.train.grad_accum_steps
-    test_loader = loaders.loader(test_images, test_labels, test_shard, eval_batch, ctx.device, cfg)
+    test_loader = loaders.loader(work.test, test_shard, eval_batch, ctx.device, cfg, work.normalise)
     ctx.lap("data")
-    model, optimizer = _model_and_optimizer(ctx)
+    model, optimizer = _model_and_optimizer(ctx, work.sample_shape, work.classes)
     scaler = torch.amp.GradScaler(enabled=cfg.train.precision == Precision.fp16)
     torch.manual_seed(cfg.train.seed + env.rank)  # different dropout masks per rank
     progress = _restore(ctx, model, optimizer, scaler)
@@ -302,6 +299,7 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
     ctx.metrics.write(
         "start",
         **_start_record(ctx, len(train_labels), len(test_labels)),
+        **_workload_record(ctx, work.sample_shape, work.classes),
         startup_s=time.time() - started,
         startup_parts=ctx.startup,
         first_epoch=progress.epoch,
@@ -481,12 +479,18 @@ def _largest_batch(ctx: Context, started: float) -> dict[str, Any]:
     """The largest-batch job: no data, no epochs; real steps at growing batch sizes (GPU only)."""
     from train import maxbatch
 
-    ctx.metrics.write("start", **_start_record(ctx, 0, 0), startup_s=time.time() - started)
+    shape, classes = workloads.shape(ctx.cfg, ctx.env.local_rank, _barrier)
+    model, optimizer = _model_and_optimizer(ctx, shape, classes)
+    ctx.metrics.write(
+        "start",
+        **_start_record(ctx, 0, 0),
+        **_workload_record(ctx, shape, classes),
+        startup_s=time.time() - started,
+    )
     largest: int | None = None  # on CPU: not measured (host memory is not the question)
     trials: list[dict[str, Any]] = []
     if ctx.device.type == "cuda":
-        model, optimizer = _model_and_optimizer(ctx)
-        fits = maxbatch.make_trial(model, ctx.device, ctx.env.world_size, optimizer)
+        fits = maxbatch.make_trial(model, ctx.device, ctx.env.world_size, optimizer, shape, classes)
         largest, trials = maxbatch.search(
             fits, ctx.cfg.train.global_batch_size, unit=ctx.env.world_size
         )
@@ -614,6 +618,10 @@ def _start_record(ctx: Context, train_samples: int, test_samples: int) -> dict[s
         "train_samples": train_samples,
         "test_samples": test_samples,
     }
+
+
+def _workload_record(ctx: Context, shape: workloads.Shape, classes: int) -> dict[str, Any]:
+    return {"sample_shape": list(shape), "classes": classes, "parameters": ctx.parameters}
 
 
 def _cpu_name() -> str:

@@ -10,7 +10,7 @@ fixed shard for evaluation), so the batches are the same whichever loader serves
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -20,7 +20,9 @@ from train import data
 from train.config import Config
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+Normalise = Callable[[torch.Tensor], torch.Tensor]  # a split's inputs as stored → the model's
 CHUNK_BATCHES = 32  # batches gathered at once on the GPU (32 × 256 MNIST images: 25 MB)
+CHUNK_BYTES = 256 << 20  # ... but no more than this many bytes of normalised inputs at once
 
 
 class _Batches(torch.utils.data.Dataset[Batch]):
@@ -70,10 +72,11 @@ class DeviceLoader:
         order: Iterable[int],
         batch: int,
         device: torch.device,
+        normalise: Normalise = data.normalise,
     ) -> None:
         self.images = images.to(device)
         self.labels = labels.to(device)
-        self.order, self.batch, self.device = order, batch, device
+        self.order, self.batch, self.device, self.normalise = order, batch, device, normalise
 
     def __len__(self) -> int:
         return -(-len(self.order) // self.batch)  # type: ignore[arg-type]
@@ -82,10 +85,11 @@ class DeviceLoader:
         # One host-to-device copy of the epoch's indices; batches are gathered and normalised
         # CHUNK_BATCHES at a time (a few large kernels instead of many small ones per batch).
         indices = index_tensor(self.order).to(self.device, non_blocking=True)
-        chunk = self.batch * CHUNK_BATCHES
+        sample_bytes = 4 * self.images[0].numel()  # normalised to float32
+        chunk = self.batch * max(1, min(CHUNK_BATCHES, CHUNK_BYTES // (sample_bytes * self.batch)))
         for first in range(0, len(indices), chunk):
             index = indices[first : first + chunk]
-            images, labels = data.normalise(self.images[index]), self.labels[index]
+            images, labels = self.normalise(self.images[index]), self.labels[index]
             for start in range(0, len(index), self.batch):
                 yield images[start : start + self.batch], labels[start : start + self.batch]
 
@@ -121,18 +125,12 @@ Loader = DataLoader[Batch] | DeviceLoader
 
 
 def loader(
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    order: Any,
-    batch: int,
-    device: torch.device,
-    cfg: Config,
+    split: Batch, order: Any, batch: int, device: torch.device, cfg: Config, normalise: Normalise
 ) -> Loader:
-    """The loader the settings ask for (`data.on_device`), over the indices `order` gives."""
-    d = cfg.data
+    """The loader the settings ask for (`data.on_device`), over the indices `order` gives;
+    `normalise` turns the split's inputs as stored (uint8 pixels, say) into the model's."""
+    (images, labels), d = split, cfg.data
     if d.on_device:
-        return DeviceLoader(images, labels, order, batch, device)
+        return DeviceLoader(images, labels, order, batch, device, normalise)
     pin = d.pin_memory and device.type == "cuda"
-    return host_loader(
-        data.normalise(images), labels, order, batch, d.num_workers, pin, cfg.train.seed
-    )
+    return host_loader(normalise(images), labels, order, batch, d.num_workers, pin, cfg.train.seed)

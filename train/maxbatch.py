@@ -1,7 +1,7 @@
 """The largest global batch that fits: double until out of memory, then bisect to within 5 %.
 
 Each trial runs real training steps (forward, backward, optimizer step) of the wrapped model on
-random MNIST-shaped data, and recovers from an out-of-memory error inside the same process. DDP
+random data of the workload's shape, and recovers from an out-of-memory error inside the same process. DDP
 ranks agree on every trial's outcome through an all-reduce, so they always try the same size.
 """
 
@@ -51,24 +51,38 @@ def search(
 
 
 def make_trial(
-    model: nn.Module, device: torch.device, world_size: int, optimizer: Any
+    model: nn.Module,
+    device: torch.device,
+    world_size: int,
+    optimizer: Any,
+    shape: tuple[int, ...],
+    classes: int,
 ) -> Callable[[int], bool]:
     """A fits(global_batch) for this process: real steps, OOM caught, outcome agreed by all ranks."""
     ddp = isinstance(model, nn.parallel.DistributedDataParallel)
 
+    def batch(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(size, *shape, device=device)
+        return x, torch.randint(0, classes, (size,), device=device)
+
     def fits(global_batch: int) -> bool:
         per_rank = global_batch // world_size
-        ok = _steps(model, device, per_rank, optimizer, ddp)
+        ok = _steps(model, batch, per_rank, optimizer, ddp)
         return _all_agree(ok, device)
 
     return fits
 
 
-def _steps(model: nn.Module, device: torch.device, batch: int, optimizer: Any, ddp: bool) -> bool:
+def _steps(
+    model: nn.Module,
+    make: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    batch: int,
+    optimizer: Any,
+    ddp: bool,
+) -> bool:
     x = y = None
     try:
-        x = torch.randn(batch, 1, 28, 28, device=device)
-        y = torch.randint(0, 10, (batch,), device=device)
+        x, y = make(batch)
         for _ in range(STEPS_PER_TRIAL):
             # No gradient all-reduce inside a step that may run out of memory: a rank stuck in a
             # collective while another recovers would hang. Gradients are reduced after agreeing.
@@ -76,7 +90,7 @@ def _steps(model: nn.Module, device: torch.device, batch: int, optimizer: Any, d
                 F.cross_entropy(model(x), y).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize()
         return True
     except torch.OutOfMemoryError:
         return False

@@ -1,23 +1,28 @@
-"""The small CNN of the comparison: pytorch/examples' MNIST ConvNet (about 1.2 M parameters)."""
+"""The built-in models (config.MODELS), each built for a sample shape and a number of classes."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from train.config import ModelName
+Shape = tuple[int, ...]  # one sample: (channels, height, width)
 
 
 class ConvNet(nn.Module):
-    def __init__(self, dropout: bool = True) -> None:
+    """pytorch/examples' MNIST ConvNet: 1.2 M parameters on 1 × 28² digits, 10 classes."""
+
+    def __init__(self, shape: Shape = (1, 28, 28), classes: int = 10, dropout: bool = True) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3, 1)
+        channels, height, width = shape
+        self.conv1 = nn.Conv2d(channels, 32, 3, 1)
         self.conv2 = nn.Conv2d(32, 64, 3, 1)
         self.dropout1 = nn.Dropout(0.25 if dropout else 0.0)
         self.dropout2 = nn.Dropout(0.5 if dropout else 0.0)
-        self.fc1 = nn.Linear(9216, 128)
-        self.fc2 = nn.Linear(128, 10)
+        self.fc1 = nn.Linear(64 * ((height - 4) // 2) * ((width - 4) // 2), 128)
+        self.fc2 = nn.Linear(128, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.conv1(x))
@@ -27,8 +32,26 @@ class ConvNet(nn.Module):
         return self.fc2(x)  # logits; the loss applies log-softmax
 
 
-MODELS = {ModelName.convnet: ConvNet}  # one entry per ModelName
+def resnet18(shape: Shape, classes: int, dropout: bool = True) -> nn.Module:
+    """torchvision's ResNet-18 (no dropout in it); for small images the CIFAR-style stem (a 3×3
+    convolution, no max-pool), which keeps 32² images from shrinking to 1² before the last block."""
+    from torchvision.models import resnet18 as torchvision_resnet18
+
+    model = torchvision_resnet18(num_classes=classes)
+    channels, height, _ = shape
+    if channels != 3 or height < 96:
+        model.conv1 = nn.Conv2d(channels, 64, 3, 1, 1, bias=False)
+        model.maxpool = nn.Identity()
+    return model
 
 
-def build(name: ModelName, dropout: bool = True) -> nn.Module:
-    return MODELS[name](dropout)
+MODELS: dict[str, Callable[[Shape, int, bool], nn.Module]] = {  # one entry per config.MODELS
+    "convnet": ConvNet,
+    "resnet18": resnet18,
+}
+
+
+def build(
+    name: str, shape: Shape = (1, 28, 28), classes: int = 10, dropout: bool = True
+) -> nn.Module:
+    return MODELS[name](shape, classes, dropout)

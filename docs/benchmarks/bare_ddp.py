@@ -20,7 +20,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from train.config import ModelName
 from train.data import load_raw, normalise
 from train.model import build
 
@@ -36,7 +35,7 @@ def main() -> None:
     images, labels = load_raw(folder, "synthetic", train=True)
     load_raw(folder, "synthetic", train=False)
     model = nn.parallel.DistributedDataParallel(
-        build(ModelName.convnet).to(device), device_ids=[local] if cuda else None
+        build("convnet").to(device), device_ids=[local] if cuda else None
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     batch = 512 // dist.get_world_size()

@@ -1,0 +1,113 @@
+"""Workloads beside the digits: the built-in ResNet-18 on embedded patterns, and a user's own
+model and dataset (the factories below, in this file) through DP and DDP, the run folder and the
+table; a factory that breaks its contract gets an error that says how."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from kit import REPO, kit, records, run_folder
+from torch import nn
+
+TESTS = Path(__file__).resolve().parent
+# The job finds the factories as any user's: on the Python path it inherits from the launcher.
+ON_PATH = {"PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)])}
+USER = ["model.name=test_workloads:tiny_mlp", "data.dataset=test_workloads:blobs"]
+CENTRES = torch.tensor([[2.0, 0, 0, 0], [0, 2.0, 0, 0], [0, 0, 2.0, 0]])
+
+
+def tiny_mlp(shape: tuple[int, ...], classes: int) -> nn.Module:
+    """A user's model factory: whatever the sample shape, flattened into a small MLP."""
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(math.prod(shape), 32), nn.ReLU(), nn.Linear(32, classes)
+    )
+
+
+def blobs(train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A user's dataset factory: three Gaussian blobs in 4 dimensions, float inputs."""
+    g = torch.Generator().manual_seed(0 if train else 1)
+    labels = torch.randint(0, 3, (384 if train else 96,), generator=g)
+    return CENTRES[labels] + 0.5 * torch.randn(len(labels), 4, generator=g), labels
+
+
+def float_labels(train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Breaks the contract: labels must be integers."""
+    return torch.zeros(8, 4), torch.zeros(8)
+
+
+def not_a_model(shape: tuple[int, ...], classes: int) -> object:
+    """Breaks the contract: a model factory must return a torch.nn.Module."""
+    return (shape, classes)
+
+
+def _submit(tmp: Path, *args: str) -> tuple[int, str, Path | None]:
+    where = [f"output.root={tmp}/runs", f"data.root={tmp}/data", "cluster.backend=local"]
+    done = kit("launch", "submit", *args, *where, "--wait", env=ON_PATH)
+    folder = run_folder(done.stdout) if "run folder: " in done.stdout else None
+    return done.returncode, done.stdout + done.stderr, folder
+
+
+def test_user_factories_train_with_dp_and_ddp(tmp_path: Path) -> None:
+    settings = [*USER, "train.epochs=3", "train.global_batch_size=32", "cluster.gpus_per_node=2"]
+    folders = {}
+    for mode in ("dp", "ddp"):
+        code, out, folders[mode] = _submit(tmp_path, "--mode", mode, *settings)
+        assert code == 0, out
+    for mode, folder in folders.items():
+        assert folder is not None
+        start, *_, summary = records(folder)
+        assert start["sample_shape"] == [4] and start["classes"] == 3
+        assert start["parameters"] == sum(p.numel() for p in tiny_mlp((4,), 3).parameters())
+        assert summary["final_test_accuracy"] > 0.9, mode  # the blobs are well apart
+    ddp = folders["ddp"]
+    assert ddp is not None
+    assert records(ddp, 1)[-1]["parameters_sha256"] == records(ddp, 0)[-1]["parameters_sha256"]
+    table = kit("analysis", "summarize", str(tmp_path / "runs"))
+    assert table.returncode == 0, table.stderr
+    assert "test_workloads:blobs" in table.stdout and "test_workloads:tiny_mlp" in table.stdout
+    assert "| DP " in table.stdout and "| DDP " in table.stdout
+
+
+def test_resnet18_on_patterns_with_dp_and_ddp(tmp_path: Path) -> None:
+    from train.model import resnet18
+
+    shape = ["data.dataset=patterns", "data.image_size=16", "data.train_size=256"]
+    settings = [*shape, "data.test_size=64", "model.name=resnet18", "train.epochs=1"]
+    expected = sum(p.numel() for p in resnet18((3, 16, 16), 10).parameters())
+    for mode in ("dp", "ddp"):
+        code, out, folder = _submit(
+            tmp_path, "--mode", mode, *settings, "train.global_batch_size=32",
+            "cluster.gpus_per_node=2",
+        )  # fmt: skip
+        assert code == 0, out
+        assert folder is not None
+        start = records(folder)[0]
+        assert (start["sample_shape"], start["classes"]) == ([3, 16, 16], 10)
+        assert start["parameters"] == expected > 11_000_000
+
+
+@pytest.mark.parametrize(
+    ("setting", "fragments"),
+    [
+        (
+            "data.dataset=test_workloads:float_labels",
+            ["labels of shape (8,) and torch.float32", "labels int64 (N,)"],
+        ),
+        ("model.name=test_workloads:blobs", ["cannot be called so", "-> torch.nn.Module"]),
+        ("model.name=test_workloads:not_a_model", ["returned a tuple", "-> torch.nn.Module"]),
+    ],
+)
+def test_a_factory_that_breaks_its_contract_is_named(
+    tmp_path: Path, setting: str, fragments: list[str]
+) -> None:
+    other = USER[1] if setting.startswith("model") else USER[0]
+    code, out, folder = _submit(tmp_path, "--mode", "ddp", setting, other,
+                                "cluster.gpus_per_node=1", "train.global_batch_size=8")  # fmt: skip
+    assert code != 0 and "Traceback" not in out.split("error")[-1]
+    for fragment in fragments:
+        assert fragment in out, out
+    assert folder is not None and (folder / "config.yaml").is_file()  # what was written stays

@@ -1,0 +1,69 @@
+"""The user's own model and dataset: `package.module:function` found on the job's Python path.
+
+Torch-free, so the launcher can check a factory before it submits anything.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from train.errors import KitError
+
+CONTRACT = {
+    "model.name": "function(sample_shape: tuple[int, ...], classes: int) -> torch.nn.Module",
+    "data.dataset": (
+        "function(train: bool) -> (inputs, labels): inputs a tensor (N, *sample_shape) of uint8 "
+        "pixels (the kit scales them to [0, 1]) or floats (used as given), labels int64 (N,) "
+        "in 0..classes-1"
+    ),
+}
+
+
+class FactoryError(KitError):
+    """A factory cannot be found or breaks its contract; the message says which and how."""
+
+
+def find(key: str, spec: str) -> Callable[..., Any]:
+    """The function `package.module:function` names, imported now."""
+    module_name, _, function = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise FactoryError(
+            f"{key}={spec}: cannot import {module_name} ({err}). The job imports it from its "
+            f"Python path: install the package, or add its folder to PYTHONPATH where you launch "
+            f"(the job inherits it). Python path here: {':'.join(sys.path[1:4])}…"
+        ) from None
+    except Exception as err:  # the user's module itself failed while importing
+        raise FactoryError(
+            f"{key}={spec}: importing {module_name} failed: {type(err).__name__}: {err}"
+        ) from err
+    found = getattr(module, function, None)
+    if not callable(found):
+        what = "no attribute" if found is None else f"a {type(found).__name__}, not a function,"
+        raise FactoryError(
+            f"{key}={spec}: {module_name} has {what} named {function}; it must define "
+            f"{CONTRACT[key]}"
+        )
+    return found
+
+
+def broken(key: str, spec: str, problem: str) -> FactoryError:
+    """The error for a factory that ran but returned the wrong thing."""
+    return FactoryError(f"{key}={spec} {problem}; the contract: {CONTRACT[key]}")
+
+
+def call(key: str, spec: str, *args: Any, **kwargs: Any) -> Any:
+    """Find the factory and call it, after checking it takes the contract's arguments."""
+    function = find(key, spec)
+    try:
+        inspect.signature(function).bind(*args, **kwargs)
+    except TypeError as err:
+        raise broken(key, spec, f"cannot be called so ({err})") from None
+    except ValueError:  # no signature to read (a built-in): the call will tell
+        pass
+    return function(*args, **kwargs)

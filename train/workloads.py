@@ -1,0 +1,122 @@
+"""What a run trains: a dataset and a model built for its shape, built-in or the user's own.
+
+Every workload reaches the loop the same way: both splits as (inputs, labels) tensors, inputs of
+uint8 pixels (normalised by the loaders, on the host or on the GPU) or floats (used as given).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from train import data, factories, model
+from train.config import MODELS, Config
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+Shape = model.Shape
+
+
+@dataclass(frozen=True)
+class Workload:
+    train: Batch
+    test: Batch
+    classes: int
+    mean: float = 0.0  # of the pixels scaled to [0, 1]; float inputs are used as given
+    std: float = 1.0
+
+    @property
+    def sample_shape(self) -> Shape:
+        return tuple(self.train[0].shape[1:])
+
+    def normalise(self, inputs: torch.Tensor) -> torch.Tensor:
+        """uint8 pixels → normalised float32 (the same arithmetic on any device)."""
+        if inputs.dtype != torch.uint8:
+            return inputs
+        return (inputs.float() / 255 - self.mean) / self.std
+
+
+def load(cfg: Config, local_rank: int, barrier: Callable[[], None]) -> Workload:
+    """Both splits of the run's dataset. `barrier`: all ranks of the job wait there, after the
+    node's first rank wrote the embedded digits where they were missing."""
+    d, seed = cfg.data, cfg.train.seed
+    if d.dataset == "patterns":  # generated in memory by every rank: the same from the seed
+        rng = np.random.default_rng(seed)
+        grids = data.pattern_grids(d.classes, d.channels, rng)
+        make = (data.synthetic_patterns(n, grids, d.image_size, rng) for n in
+                (d.train_size, d.test_size))  # fmt: skip
+        train, test = ((torch.from_numpy(x), torch.from_numpy(y).long()) for x, y in make)
+        return Workload(train, test, d.classes, data.PATTERN_MEAN, data.PATTERN_STD)
+    if d.dataset not in ("synthetic", "mnist"):
+        return _from_factory(d.dataset)
+    folder = data.dataset_dir(d.dataset, d.root, seed, d.train_size, d.test_size)
+    if d.dataset == "synthetic" and local_rank == 0:
+        data.prepare_synthetic(folder, seed, d.train_size, d.test_size)
+    barrier()
+    train, test = (data.load_raw(folder, d.dataset, train=split) for split in (True, False))
+    return Workload(train, test, classes=10, mean=data.MEAN, std=data.STD)
+
+
+def shape(cfg: Config, local_rank: int, barrier: Callable[[], None]) -> tuple[Shape, int]:
+    """One sample's shape and the number of classes, without the data where the settings say
+    them (only a user's dataset is loaded to learn its shape)."""
+    d = cfg.data
+    if d.dataset == "patterns":
+        return (d.channels, d.image_size, d.image_size), d.classes
+    if d.dataset in ("synthetic", "mnist"):
+        return (1, 28, 28), 10
+    work = load(cfg, local_rank, barrier)
+    return work.sample_shape, work.classes
+
+
+def build_model(cfg: Config, shape: Shape, classes: int) -> nn.Module:
+    name = cfg.model.name
+    if name in MODELS:
+        return model.build(name, shape, classes, cfg.model.dropout)
+    built = factories.call("model.name", name, shape, classes)
+    if not isinstance(built, nn.Module):
+        raise factories.broken("model.name", name, f"returned a {type(built).__name__}")
+    return built
+
+
+def _from_factory(spec: str) -> Workload:
+    train, test = (
+        _checked(spec, split, factories.call("data.dataset", spec, train=split))
+        for split in (True, False)
+    )
+    if train[0].shape[1:] != test[0].shape[1:]:
+        raise factories.broken(
+            "data.dataset", spec,
+            f"gave samples of {tuple(train[0].shape[1:])} for training and "
+            f"{tuple(test[0].shape[1:])} for testing",
+        )  # fmt: skip
+    classes = int(max(train[1].max(), test[1].max())) + 1
+    return Workload(train, test, max(classes, 2))
+
+
+def _checked(spec: str, train: bool, made: Any) -> Batch:
+    """The factory's (inputs, labels) for one split, or an error saying what is wrong with it."""
+    split = "train" if train else "test"
+
+    def wrong(problem: str) -> factories.FactoryError:
+        return factories.broken("data.dataset", spec, f"(train={train}) {problem}")
+
+    if not (isinstance(made, tuple | list) and len(made) == 2):
+        raise wrong(f"returned a {type(made).__name__}, not a pair (inputs, labels)")
+    inputs, labels = made
+    if not (isinstance(inputs, torch.Tensor) and isinstance(labels, torch.Tensor)):
+        raise wrong(f"returned ({type(inputs).__name__}, {type(labels).__name__}), not tensors")
+    if inputs.dtype != torch.uint8 and not inputs.is_floating_point():
+        raise wrong(f"gave {split} inputs of {inputs.dtype}: use uint8 pixels or floats")
+    if labels.dim() != 1 or labels.is_floating_point() or labels.dtype == torch.bool:
+        raise wrong(f"gave {split} labels of shape {tuple(labels.shape)} and {labels.dtype}")
+    if inputs.dim() < 2 or len(inputs) != len(labels) or not len(labels):
+        raise wrong(f"gave {len(inputs)} {split} inputs of {tuple(inputs.shape)} for "
+                    f"{len(labels)} labels")  # fmt: skip
+    if labels.min() < 0:
+        raise wrong(f"gave a negative {split} label ({int(labels.min())})")
+    return inputs.contiguous(), labels.long()
