@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The strategies side by side on three workloads: DP, DDP, DDP with the bf16 all-reduce hook,
+# ZeRO and FSDP, each trained once, and the largest-batch search of DP and DDP, on every GPU of
+# one node through `launch submit` (local backend). The workloads:
+#   1. the article's: the ConvNet on the embedded 60k/10k digits, global batch 512, 10 epochs;
+#   2. torchvision's ResNet-18 on embedded 3 × 32² colour patterns (50k/10k, 10 classes), 3 epochs;
+#   3. many classes: the ConvNet with a 100 000-class head on 1 × 28² patterns, 3 epochs; its
+#      logits (400 kB a sample) are what DataParallel gathers on its main card.
+# Without a GPU the same commands run with 2 CPU workers and the GPU figures read n/m.
+# Usage: bash docs/benchmarks/workloads.sh OUT_ROOT [key=value …]  (appended to every run)
+set -euo pipefail
+out=${1:?usage: workloads.sh OUT_ROOT [key=value …]}
+shift
+python=${KIT_PYTHON:-python3}
+gpus=$("$python" -c 'import torch; print(torch.cuda.device_count() or 2)')
+common=(--nodes 1 cluster.backend=local "cluster.gpus_per_node=$gpus" "output.root=$out"
+        train.checkpoint=false cluster.timeout_min=20)
+run() { "$python" -m launch submit "${common[@]}" "$@" --wait -q || echo "run failed: $*" >&2; }
+strategies=("--mode dp" "--mode ddp" "--mode ddp dist.comm_hook=bf16" "--mode zero" "--mode fsdp")
+workloads=(
+    ""
+    "model.name=resnet18 data.dataset=patterns data.train_size=50000 train.epochs=3"
+    "data.dataset=patterns data.channels=1 data.image_size=28 data.classes=100000 train.epochs=3"
+)
+for workload in "${workloads[@]}"; do
+    # shellcheck disable=SC2086  # the strings are lists of settings, split on purpose
+    for strategy in "${strategies[@]}"; do
+        run $strategy $workload "$@"
+    done
+    for mode in dp ddp; do
+        # shellcheck disable=SC2086
+        run --mode "$mode" task=largest_batch $workload "$@"
+    done
+done
