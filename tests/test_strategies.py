@@ -66,6 +66,21 @@ def test_zero_saves_the_whole_optimizer_state(runs: tuple[Path, dict[str, Path]]
     assert all("momentum_buffer" in s for s in momenta.values())
 
 
+def test_fsdp_saves_each_ranks_shards(runs: tuple[Path, dict[str, Path]]) -> None:
+    """FSDP's checkpoint: no rank gathers the training state; each writes its own shards into a
+    torch.distributed.checkpoint folder that state.pt names; the last save's folder alone stays."""
+    import torch.distributed.checkpoint as dcp
+
+    run_dir = runs[1]["fsdp"]
+    state = torch.load(runfolder.state_path(run_dir), weights_only=False)
+    assert "model" not in state and "optimizer" not in state
+    (folder,) = (run_dir / runfolder.SHARDS).iterdir()  # two epochs saved, one folder kept
+    assert folder.name == state["shards"] and folder.name.startswith("epoch3-batch0-")
+    assert sorted(p.name for p in folder.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    stored = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    assert "model.fc1.weight" in stored and "optimizer.state.fc1.weight.momentum_buffer" in stored
+
+
 def test_fsdp_averages_gradients_as_ddp_does(runs: tuple[Path, dict[str, Path]]) -> None:
     """Gathered from its shards, FSDP's model ends where DDP's does from the same start (a
     gradient summed instead of averaged over the ranks would leave it far off)."""

@@ -137,16 +137,26 @@ def save(
     progress: Progress,
 ) -> None:
     """Every rank's progress and RNG gathered to rank 0, which writes one file (its rename is the
-    commit: a reader sees the whole previous state or the whole new one), then the bare weights."""
-    # Every rank takes part: a sharded strategy gathers its state here (to rank 0 at least).
+    commit: a reader sees the whole previous state or the whole new one), then the bare weights.
+
+    The model and optimizer state go into that file whole, or, for a strategy that saves shards
+    (FSDP), into a new torch.distributed.checkpoint folder that every rank writes first and the
+    file names; the folder of the previous save goes once the file names the new one.
+    """
+    # Every rank takes part: a sharded strategy gathers or writes its state here.
     strategy = STRATEGIES[cfg.mode]
-    model_state = strategy.model_state(model)
-    optimizer_state = strategy.optimizer_state(model, optimizer)
+    model_state = strategy.model_state(model)  # whole, for the bare model's weights file
+    if strategy.saves_shards:
+        shards = _save_name(progress)
+        strategy.save_shards(model, optimizer, runfolder.shards_path(run_dir, shards))
+        held: dict[str, Any] = {"shards": shards}
+    else:
+        held = {"model": model_state, "optimizer": strategy.optimizer_state(model, optimizer)}
     mine = {"progress": asdict(progress), "rng": rng_state()}
     ranks = [mine]
     if dist.is_initialized():
         ranks = [None] * dist.get_world_size()  # type: ignore[list-item]
-        dist.all_gather_object(ranks, mine)
+        dist.all_gather_object(ranks, mine)  # also: every rank's shards are written by now
     if dist.is_initialized() and dist.get_rank() != 0:
         return
     state = {
@@ -154,8 +164,7 @@ def save(
         "config_sha256": config_hash(cfg),
         "epoch": progress.epoch,
         "batches": progress.batches,
-        "model": model_state,
-        "optimizer": optimizer_state,
+        **held,
         "scaler": scaler.state_dict(),
         "ranks": ranks,
     }
@@ -163,6 +172,17 @@ def save(
         torch.save(state, partial)
     with runfolder.atomic_file(runfolder.checkpoint_path(run_dir)) as partial:
         torch.save(model_state, partial)  # weights alone, for a bare model
+    if "shards" in held:
+        runfolder.drop_other_shards(run_dir, keep=held["shards"])
+
+
+def _save_name(progress: Progress) -> str:
+    """A new shards folder's name, the same on every rank: where training stands, and rank 0's
+    clock (two saves at one point, across attempts, never share a folder)."""
+    stamp = [time.time_ns()]
+    if dist.is_initialized():
+        dist.broadcast_object_list(stamp, src=0)
+    return f"epoch{progress.epoch}-batch{progress.batches}-{stamp[0]}"
 
 
 def load(run_dir: Path, cfg: Config, rank: int, world_size: int) -> dict[str, Any] | None:
@@ -181,6 +201,14 @@ def load(run_dir: Path, cfg: Config, rank: int, world_size: int) -> dict[str, An
             f"{path} holds {len(state['ranks'])} rank(s) but this job has {world_size}: resume "
             "with the run's own shape (its saved config)"
         )
+    if "shards" in state:  # where this rank reads its own shards from
+        folder = runfolder.shards_path(run_dir, state["shards"])
+        if not (folder / ".metadata").is_file():
+            raise runfolder.RunFolderError(
+                f"{path} names the shards folder {folder}, which is missing or incomplete: the "
+                "model and optimizer state are gone, so the run cannot resume; start a new run"
+            )
+        state["shards_folder"] = folder
     return {**state, "mine": state["ranks"][rank]}
 
 

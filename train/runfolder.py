@@ -13,6 +13,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import socket
 import stat
 import tempfile
@@ -31,6 +32,9 @@ METRICS = "metrics"  # one JSON-lines file per rank
 LOGS = "logs"
 CHECKPOINT = "checkpoints/model.pt"  # the bare model's weights
 STATE = "checkpoints/state.pt"  # the whole training state a job resumes from
+# A sharded strategy's (FSDP's) model and optimizer state: one torch.distributed.checkpoint
+# folder per save, each rank writing its own shards; state.pt names the one it belongs to.
+SHARDS = "checkpoints/shards"
 KINDS = ("start", "epoch", "stop", "error", "summary")
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9@+=:,./_-]+")  # needs no shell quoting; no Slurm % pattern
 
@@ -401,6 +405,18 @@ def checkpoint_path(run_dir: Path) -> Path:
 
 def state_path(run_dir: Path) -> Path:
     return run_dir / STATE
+
+
+def shards_path(run_dir: Path, name: str) -> Path:
+    return run_dir / SHARDS / name
+
+
+def drop_other_shards(run_dir: Path, keep: str) -> None:
+    """After state.pt names `keep`: the folders of earlier saves, and of any save that died before
+    its state.pt, go (the one named stays whole until a later state.pt names another)."""
+    for folder in (run_dir / SHARDS).glob("*"):
+        if folder.name != keep:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager

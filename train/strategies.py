@@ -17,6 +17,7 @@ strategy gathers them first), so the saved weights load into a plain model every
 from __future__ import annotations
 
 import typing
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,6 +45,9 @@ class DDP:
     # Each rank scores its own share of the test split (False: every rank scores all of it,
     # where a forward is a collective that every rank must join the same number of times).
     shards_evaluation = True
+    # Whether a checkpoint keeps the model and optimizer state as each rank's shards (a
+    # torch.distributed.checkpoint folder) rather than whole in state.pt.
+    saves_shards = False
 
     def wrap(self, cfg: Config, model: nn.Module, device: torch.device, gpus: int) -> nn.Module:
         t = cfg.train
@@ -86,6 +90,9 @@ class DDP:
         bare(model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
 
+    def save_shards(self, model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+        raise NotImplementedError(f"{type(self).__name__} saves its state whole")
+
 
 class DataParallel(DDP):
     """One process drives every GPU of the node: scatter, replicate, parallel apply, gather."""
@@ -123,6 +130,7 @@ class FSDP(DDP):
     backward, its gradients reduce-scattered, the optimizer updating the local shard only."""
 
     shards_evaluation = False  # every forward gathers: all ranks must run the same batches
+    saves_shards = True  # no rank ever holds the whole state for a checkpoint
 
     def wrap(self, cfg: Config, model: nn.Module, device: torch.device, gpus: int) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
@@ -143,25 +151,32 @@ class FSDP(DDP):
 
         return get_model_state_dict(model, options=_whole())
 
-    def optimizer_state(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer
-    ) -> dict[str, Any] | None:
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    def save_shards(self, model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+        """Each rank writes its own shards of the model and optimizer state (every rank calls)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        return typing.cast(
-            dict[str, Any], get_optimizer_state_dict(model, optimizer, options=_whole())
-        )
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
 
     def load(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
     ) -> None:
-        from torch.distributed.checkpoint.state_dict import (
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
+        """From the shards folder state.pt names (each rank reads its own shards), or from the
+        whole state dicts an older checkpoint holds."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        set_model_state_dict(model, state["model"], options=_whole())
-        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=_whole())
+        if "shards_folder" not in state:
+            set_state_dict(model, optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"], options=_whole())  # fmt: skip
+            return
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        # In place: each rank's tensors are filled with its own shards.
+        dcp.load({"model": model_state, "optimizer": optimizer_state},
+                 checkpoint_id=state["shards_folder"])  # fmt: skip
+        set_state_dict(model, optimizer, model_state_dict=model_state,
+                       optim_state_dict=optimizer_state)  # fmt: skip
 
 
 def _whole() -> StateDictOptions:
