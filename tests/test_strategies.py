@@ -5,6 +5,7 @@ their whole state and resume from it."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -79,6 +80,19 @@ def test_fsdp_saves_each_ranks_shards(runs: tuple[Path, dict[str, Path]]) -> Non
     assert sorted(p.name for p in folder.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     stored = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
     assert "model.fc1.weight" in stored and "optimizer.state.fc1.weight.momentum_buffer" in stored
+
+
+def test_fsdp_without_its_shards_folder_cannot_resume_and_says_so(
+    runs: tuple[Path, dict[str, Path]], tmp_path: Path
+) -> None:
+    from train import resume
+
+    run_dir = tmp_path / "copy"
+    shutil.copytree(runs[1]["fsdp"], run_dir)
+    shutil.rmtree(run_dir / runfolder.SHARDS)
+    cfg = runfolder.load_job_config(run_dir)
+    with pytest.raises(runfolder.RunFolderError, match=r"missing or incomplete.*cannot resume"):
+        resume.load(run_dir, cfg, rank=0, world_size=2)
 
 
 def test_fsdp_averages_gradients_as_ddp_does(runs: tuple[Path, dict[str, Path]]) -> None:
