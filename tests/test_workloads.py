@@ -88,6 +88,9 @@ def test_resnet18_on_patterns_with_dp_and_ddp(tmp_path: Path) -> None:
         start = records(folder)[0]
         assert (start["sample_shape"], start["classes"]) == ([3, 16, 16], 10)
         assert start["parameters"] == expected > 11_000_000
+        if mode == "ddp":  # equal parameters; BatchNorm's running statistics are each rank's own
+            fingerprints = {records(folder, rank)[-1]["parameters_sha256"] for rank in (0, 1)}
+            assert len(fingerprints) == 1
 
 
 @pytest.mark.parametrize(

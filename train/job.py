@@ -44,7 +44,7 @@ from train.config import (
 )
 from train.errors import KitError, setup_logging
 from train.gpustats import GpuSampler
-from train.strategies import STRATEGIES
+from train.strategies import STRATEGIES, bare
 from train.timing import StepClock, process_start_time
 
 log = logging.getLogger("train")
@@ -632,6 +632,14 @@ def _cpu_name() -> str:
     return f"CPU {platform.processor() or platform.machine()}"
 
 
+def _parameters(ctx: Context, model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole parameters (gathered where sharded: a collective every rank joins), without the
+    buffers: BatchNorm's running statistics are each rank's own under DDP and FSDP."""
+    names = {name for name, _ in bare(model).named_parameters()}
+    weights = STRATEGIES[ctx.cfg.mode].model_state(model)
+    return {name: tensor for name, tensor in weights.items() if name in names}
+
+
 def parameters_sha256(weights: dict[str, torch.Tensor]) -> str:
     """A fingerprint of the weights: DDP replicas that stayed in sync have the same one."""
     digest = hashlib.sha256()
@@ -660,7 +668,6 @@ def _summary(
         final_test_loss=last["test_loss"],
         final_test_accuracy=last["test_accuracy"],
         checkpoint=checkpoint,
-        # The whole weights (gathered where sharded: a collective every rank joins).
-        parameters_sha256=parameters_sha256(STRATEGIES[ctx.cfg.mode].model_state(model)),
+        parameters_sha256=parameters_sha256(_parameters(ctx, model)),
         gpus=gpus.figures(),  # one entry per GPU this process drove; empty on CPU
     )
