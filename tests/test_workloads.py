@@ -31,7 +31,8 @@ def blobs(train: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """A user's dataset factory: three Gaussian blobs in 4 dimensions, float inputs."""
     g = torch.Generator().manual_seed(0 if train else 1)
     labels = torch.randint(0, 3, (384 if train else 96,), generator=g)
-    return CENTRES[labels] + 0.5 * torch.randn(len(labels), 4, generator=g), labels
+    inputs = CENTRES[labels] + 0.5 * torch.randn(len(labels), 4, generator=g)
+    return inputs.double(), labels  # float64: the kit trains in float32 all the same
 
 
 def float_labels(train: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,17 +99,18 @@ def test_resnet18_on_patterns_with_dp_and_ddp(tmp_path: Path) -> None:
     [
         (
             "data.dataset=test_workloads:float_labels",
-            ["labels of shape (8,) and torch.float32", "labels int64 (N,)"],
+            ["labels of shape (8,) and torch.float32", "labels integers (N,)"],
         ),
         ("model.name=test_workloads:blobs", ["cannot be called so", "-> torch.nn.Module"]),
         ("model.name=test_workloads:not_a_model", ["returned a tuple", "-> torch.nn.Module"]),
+        ("train.channels_last=true", ["gives samples of shape (4,): drop it"]),
     ],
 )
-def test_a_factory_that_breaks_its_contract_is_named(
+def test_a_broken_factory_or_a_setting_it_cannot_take_is_named(
     tmp_path: Path, setting: str, fragments: list[str]
 ) -> None:
-    other = USER[1] if setting.startswith("model") else USER[0]
-    code, out, folder = _submit(tmp_path, "--mode", "ddp", setting, other,
+    other = [u for u in USER if u.split("=")[0] != setting.split("=")[0]]
+    code, out, folder = _submit(tmp_path, "--mode", "ddp", setting, *other,
                                 "cluster.gpus_per_node=1", "train.global_batch_size=8")  # fmt: skip
     assert code != 0 and "Traceback" not in out.split("error")[-1]
     for fragment in fragments:

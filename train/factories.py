@@ -17,7 +17,7 @@ CONTRACT = {
     "model.name": "function(sample_shape: tuple[int, ...], classes: int) -> torch.nn.Module",
     "data.dataset": (
         "function(train: bool) -> (inputs, labels): inputs a tensor (N, *sample_shape) of uint8 "
-        "pixels (the kit scales them to [0, 1]) or floats (used as given), labels int64 (N,) "
+        "pixels (the kit scales them to [0, 1]) or floats (used as float32), labels integers (N,) "
         "in 0..classes-1"
     ),
 }

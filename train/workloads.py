@@ -1,7 +1,7 @@
 """What a run trains: a dataset and a model built for its shape, built-in or the user's own.
 
 Every workload reaches the loop the same way: both splits as (inputs, labels) tensors, inputs of
-uint8 pixels (normalised by the loaders, on the host or on the GPU) or floats (used as given).
+uint8 pixels (normalised by the loaders, on the host or on the GPU) or float32 (used as given).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from train import data, factories, model
-from train.config import MODELS, Config
+from train.config import MODELS, Config, ConfigError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Shape = model.Shape
@@ -74,6 +74,11 @@ def shape(cfg: Config, local_rank: int, barrier: Callable[[], None]) -> tuple[Sh
 
 
 def build_model(cfg: Config, shape: Shape, classes: int) -> nn.Module:
+    if cfg.train.channels_last and len(shape) != 3:
+        raise ConfigError(
+            f"train.channels_last=true lays out images (channels, height, width), but "
+            f"data.dataset={cfg.data.dataset} gives samples of shape {tuple(shape)}: drop it"
+        )
     name = cfg.model.name
     if name in MODELS:
         return model.build(name, shape, classes, cfg.model.dropout)
@@ -119,4 +124,6 @@ def _checked(spec: str, train: bool, made: Any) -> Batch:
                     f"{len(labels)} labels")  # fmt: skip
     if labels.min() < 0:
         raise wrong(f"gave a negative {split} label ({int(labels.min())})")
+    if inputs.is_floating_point():
+        inputs = inputs.float()  # float32, as the model's weights (float64 would not mix)
     return inputs.contiguous(), labels.long()
