@@ -155,3 +155,26 @@ def test_device_loader_serves_a_resumed_epoch_in_chunks(
     for number, (x, y) in enumerate(served):
         index = torch.tensor(left[number * 32 : (number + 1) * 32])
         assert torch.equal(x, data.normalise(images[index])) and torch.equal(y, labels[index])
+
+
+@pytest.mark.parametrize(("count", "world"), [(10, 3), (9, 3), (1, 4), (7, 1)])
+def test_evaluation_shards_cover_the_split_once_and_even_ones_match_in_length(
+    count: int, world: int
+) -> None:
+    from train import loaders
+
+    split = (torch.arange(count * 4.0).reshape(count, 1, 2, 2), torch.arange(count))
+    seen: list[int] = []
+    lengths = set()
+    for rank in range(world):
+        plain_split, plain = loaders.evaluation_shard(split, rank, world, even=False)
+        padded_split, padded = loaders.evaluation_shard(split, rank, world, even=True)
+        assert plain_split is split and list(plain) == list(range(rank, count, world))
+        labels = padded_split[1][torch.as_tensor(list(padded), dtype=torch.long)]
+        seen += labels[labels >= 0].tolist()
+        assert (labels < 0).sum() == len(padded) - len(plain)  # the padding alone is -1
+        assert not padded_split[0][torch.as_tensor(list(padded), dtype=torch.long)][
+            labels < 0
+        ].any()
+        lengths.add(len(padded))
+    assert sorted(seen) == list(range(count)) and len(lengths) == 1

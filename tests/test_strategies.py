@@ -95,6 +95,24 @@ def test_fsdp_without_its_shards_folder_cannot_resume_and_says_so(
         resume.load(run_dir, cfg, rank=0, world_size=2)
 
 
+def test_fsdp_scores_an_uneven_test_split_once(tmp_path: Path) -> None:
+    """255 test images over 2 ranks: FSDP's ranks score padded shards of one length (every
+    forward is a collective) and the padding counts nowhere: the accuracy is the saved model's."""
+    from train.data import load_split
+    from train.model import ConvNet
+
+    run_dir = _submit(tmp_path, "--mode", "fsdp", *TWO_RANKS, *SMALL, "data.test_size=255",
+                      "train.epochs=1")  # fmt: skip
+    model = ConvNet()
+    model.load_state_dict(torch.load(run_dir / runfolder.CHECKPOINT))
+    test = load_split(next((tmp_path / "data").iterdir()), "synthetic", train=False)
+    model.eval()
+    with torch.no_grad():
+        accuracy = (model(test.tensors[0]).argmax(1) == test.tensors[1]).float().mean().item()
+    assert len(test.tensors[1]) == 255
+    assert accuracy == pytest.approx(records(run_dir)[-1]["final_test_accuracy"], abs=1e-6)
+
+
 def test_fsdp_averages_gradients_as_ddp_does(runs: tuple[Path, dict[str, Path]]) -> None:
     """Gathered from its shards, FSDP's model ends where DDP's does from the same start (a
     gradient summed instead of averaged over the ranks would leave it far off)."""

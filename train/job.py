@@ -284,10 +284,11 @@ def _train(ctx: Context, started: float) -> dict[str, Any]:
     loader = loaders.loader(work.train, batches, batch, ctx.device, cfg, work.normalise)
     strategy = STRATEGIES[cfg.mode]
     # Evaluation takes the training batch, so no phase needs more memory per card than training.
-    whole = range(len(test_labels))
-    test_shard = whole[env.rank :: env.world_size] if strategy.shards_evaluation else whole
+    test, shard = loaders.evaluation_shard(
+        work.test, env.rank, env.world_size, even=strategy.even_evaluation
+    )
     eval_batch = batch * cfg.train.grad_accum_steps
-    test_loader = loaders.loader(work.test, test_shard, eval_batch, ctx.device, cfg, work.normalise)
+    test_loader = loaders.loader(test, shard, eval_batch, ctx.device, cfg, work.normalise)
     ctx.lap("data")
     model, optimizer = _model_and_optimizer(ctx, work.sample_shape, work.classes)
     scaler = torch.amp.GradScaler(enabled=cfg.train.precision == Precision.fp16)
@@ -568,8 +569,8 @@ def _driven_gpus(ctx: Context) -> list[int]:
 def _evaluate(
     ctx: Context, model: nn.Module, loader: Iterable[loaders.Batch]
 ) -> tuple[float, float]:
-    """Loss and accuracy over the whole test split: each rank scores what its loader serves (its
-    shard, or all of it where the strategy says so), then all sum; the ratios are the same."""
+    """Loss and accuracy over the whole test split: each rank scores its shard, then all sum.
+    A padding sample (label -1, see `loaders.evaluation_shard`) counts nowhere."""
     model.eval()
     totals = torch.zeros(3, device=ctx.device, dtype=torch.float64)
     cast = steps.autocast(ctx.device, ctx.cfg.train.precision.value)
@@ -577,9 +578,9 @@ def _evaluate(
         x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
         with cast():
             logits = model(x)
-        totals[0] += F.cross_entropy(logits.float(), y, reduction="sum")
+        totals[0] += F.cross_entropy(logits.float(), y, reduction="sum", ignore_index=-1)
         totals[1] += (logits.argmax(1) == y).sum()
-        totals[2] += len(y)
+        totals[2] += (y >= 0).sum()
     if dist.is_initialized():
         dist.all_reduce(totals)
     loss, correct, count = totals.tolist()

@@ -121,6 +121,21 @@ def sampler_order(s: DistributedSampler[Any]) -> torch.Tensor:
     return order[s.rank : s.total_size : s.num_replicas]
 
 
+def evaluation_shard(split: Batch, rank: int, world: int, even: bool) -> tuple[Batch, Any]:
+    """This rank's share of the test split (every `world`-th sample from `rank`) and the split it
+    indexes. With `even`, every rank gets the same number of samples: the shorter shards are
+    padded with a blank sample labelled -1 (appended to the split), which scoring leaves out."""
+    images, labels = split
+    count = len(labels)
+    shard = range(rank, count, world)
+    short = -(-count // world) - len(shard)
+    if not even or not short:
+        return split, shard
+    blank = (images.new_zeros((1, *images.shape[1:])), labels.new_full((1,), -1))
+    padded = (torch.cat([images, blank[0]]), torch.cat([labels, blank[1]]))
+    return padded, [*shard, *[count] * short]
+
+
 Loader = DataLoader[Batch] | DeviceLoader
 
 

@@ -42,9 +42,9 @@ class DDP:
     """One process per GPU; DDP's reducer averages the gradients. With train.cuda_graph the bare
     model is returned: the kit's captured step does DDP's work itself (train.steps)."""
 
-    # Each rank scores its own share of the test split (False: every rank scores all of it,
-    # where a forward is a collective that every rank must join the same number of times).
-    shards_evaluation = True
+    # Whether every rank must score the same number of batches of the same sizes (a forward is
+    # a collective that every rank joins): its share of the test split is then padded.
+    even_evaluation = False
     # Whether a checkpoint keeps the model and optimizer state as each rank's shards (a
     # torch.distributed.checkpoint folder) rather than whole in state.pt.
     saves_shards = False
@@ -129,7 +129,7 @@ class FSDP(DDP):
     child module that has parameters, then the root): gathered for the layer's forward and
     backward, its gradients reduce-scattered, the optimizer updating the local shard only."""
 
-    shards_evaluation = False  # every forward gathers: all ranks must run the same batches
+    even_evaluation = True  # every forward gathers: all ranks must run the same batches
     saves_shards = True  # no rank ever holds the whole state for a checkpoint
 
     def wrap(self, cfg: Config, model: nn.Module, device: torch.device, gpus: int) -> nn.Module:
