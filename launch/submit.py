@@ -99,7 +99,7 @@ def _check_factories(cfg: Config) -> None:
         ("data.dataset", cfg.data.dataset, DATASETS),
     ):
         if value not in built_in:
-            factories.find(key, value)
+            factories.check(key, value)
 
 
 def _local_gpus() -> int:

@@ -290,6 +290,12 @@ CASES = [
         ),
         (("submit",),),
     ),
+    Case(
+        "model factory of the wrong signature",
+        ("model.name=os:getcwd",),
+        ("model.name=os:getcwd cannot be called so", "function(sample_shape"),
+        (("submit",),),
+    ),
     Case("missing config", ("--config", "{tmp}/missing.yaml"), ("missing.yaml does not exist",)),
     Case(
         "invalid YAML",

@@ -101,7 +101,6 @@ def test_resnet18_on_patterns_with_dp_and_ddp(tmp_path: Path) -> None:
             "data.dataset=test_workloads:float_labels",
             ["labels of shape (8,) and torch.float32", "labels integers (N,)"],
         ),
-        ("model.name=test_workloads:blobs", ["cannot be called so", "-> torch.nn.Module"]),
         ("model.name=test_workloads:not_a_model", ["returned a tuple", "-> torch.nn.Module"]),
         ("train.channels_last=true", ["gives samples of shape (4,): drop it"]),
     ],
@@ -116,3 +115,15 @@ def test_a_broken_factory_or_a_setting_it_cannot_take_is_named(
     for fragment in fragments:
         assert fragment in out, out
     assert folder is not None and (folder / "config.yaml").is_file()  # what was written stays
+
+
+def test_a_factory_of_the_wrong_signature_is_refused_before_anything_is_made(
+    tmp_path: Path,
+) -> None:
+    """The launcher binds the contract's arguments to the factory's signature (calling nothing):
+    a dataset factory named as the model fails there, in one line, and no run folder is made."""
+    code, out, folder = _submit(tmp_path, "--mode", "ddp", "model.name=test_workloads:blobs",
+                                USER[1], "cluster.gpus_per_node=1")  # fmt: skip
+    assert code == 2 and folder is None
+    assert "model.name=test_workloads:blobs cannot be called so" in out
+    assert "Traceback" not in out and not (tmp_path / "runs").exists()

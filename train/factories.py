@@ -57,13 +57,33 @@ def broken(key: str, spec: str, problem: str) -> FactoryError:
     return FactoryError(f"{key}={spec} {problem}; the contract: {CONTRACT[key]}")
 
 
+# How the kit calls each factory: example arguments for checking a signature before the job.
+EXAMPLE_CALL: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
+    "model.name": (((1, 28, 28), 10), {}),
+    "data.dataset": ((), {"train": True}),
+}
+
+
+def check(key: str, spec: str) -> None:
+    """The factory can be found and takes the arguments the kit will give it (the launcher's
+    check: nothing is called)."""
+    args, kwargs = EXAMPLE_CALL[key]
+    _check_signature(key, spec, find(key, spec), args, kwargs)
+
+
 def call(key: str, spec: str, *args: Any, **kwargs: Any) -> Any:
     """Find the factory and call it, after checking it takes the contract's arguments."""
     function = find(key, spec)
+    _check_signature(key, spec, function, args, kwargs)
+    return function(*args, **kwargs)
+
+
+def _check_signature(
+    key: str, spec: str, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
     try:
         inspect.signature(function).bind(*args, **kwargs)
     except TypeError as err:
         raise broken(key, spec, f"cannot be called so ({err})") from None
     except ValueError:  # no signature to read (a built-in): the call will tell
         pass
-    return function(*args, **kwargs)
