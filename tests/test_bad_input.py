@@ -117,7 +117,7 @@ CASES = [
         Case(
             f"{key} in the largest-batch search",
             ("task=largest_batch", f"{key}=true"),
-            ("task=largest_batch runs eager DDP steps", f"drop {key}=true for the search"),
+            ("task=largest_batch runs eager steps", f"drop {key}=true for the search"),
         )
         for key in ("train.compile", "train.cuda_graph")
     ],
@@ -150,15 +150,6 @@ CASES = [
             mode=("--mode", mode),
         )
         for key in ("train.compile", "train.cuda_graph")
-        for mode in ("zero", "fsdp")
-    ],
-    *[
-        Case(
-            f"largest batch with {mode}",
-            ("task=largest_batch",),
-            (f"task=largest_batch with --mode {mode}", "search with --mode ddp for now"),
-            mode=("--mode", mode),
-        )
         for mode in ("zero", "fsdp")
     ],
     Case(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -89,18 +90,65 @@ def test_ddp_ranks_each_measure_their_own_card(tmp_path: Path) -> None:
     assert all(len(c) == 1 and c[0]["util_pct"] is not None for c in cards)
 
 
-def test_largest_batch_search_recovers_from_oom(tmp_path: Path) -> None:
-    run_dir = _submit(tmp_path, "--mode", "ddp", "task=largest_batch")
+class GpuProcesses(threading.Thread):
+    """The processes NVML sees on any GPU while it runs, sampled every 50 ms."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.pids: set[int] = set()
+        self.missing: set[int] = set()  # seen by NVML but not here: another PID namespace
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        while not self.done.wait(0.05):
+            for handle in handles:
+                for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                    self.pids.add(process.pid)
+                    if not Path(f"/proc/{process.pid}").exists():
+                        self.missing.add(process.pid)
+        pynvml.nvmlShutdown()
+
+    def stop(self) -> set[int]:
+        self.done.set()
+        self.join()
+        return self.pids
+
+
+LARGEST = {
+    "dp": ["--mode", "dp"],
+    "ddp": ["--mode", "ddp"],
+    "ddp-bf16": ["--mode", "ddp", "dist.comm_hook=bf16"],
+    "zero": ["--mode", "zero"],
+    "fsdp": ["--mode", "fsdp"],
+}
+
+
+@pytest.mark.parametrize("strategy", list(LARGEST.values()), ids=list(LARGEST))
+def test_largest_batch_search_recovers_from_oom(tmp_path: Path, strategy: list[str]) -> None:
+    """Real steps with the strategy's collectives run out of memory on the GPUs; the search
+    carries on past every failure to a size within 5 % of the smallest that failed, and the
+    job's own processes never hold GPU memory (the steps run in their workers)."""
+    watcher = GpuProcesses()
+    watcher.start()
+    run_dir = _submit(tmp_path, *strategy, "task=largest_batch")
+    seen = watcher.stop()
     summary = records(run_dir)[-1]
     trials = summary["trials"]
     assert any(not t["fits"] for t in trials), (
         "the search must have hit out-of-memory and carried on"
     )
-    assert summary["largest_global_batch"] > 512
+    largest = summary["largest_global_batch"]
+    assert largest > 512
     failed = min(t["global_batch"] for t in trials if not t["fits"])
-    assert (failed - summary["largest_global_batch"]) / summary[
-        "largest_global_batch"
-    ] <= 0.05 + 1e-9
+    assert (failed - largest) / largest <= 0.05 + 1e-9
+    ranks = torch.cuda.device_count() if strategy[1] != "dp" else 1
+    job = {records(run_dir, rank)[0]["pid"] for rank in range(ranks)}
+    assert seen and not watcher.missing, (seen, watcher.missing)
+    assert not seen & job, f"the job processes {job} held GPU memory"
 
 
 FAST = ["data.on_device=true", "train.precision=bf16", "train.channels_last=true"]

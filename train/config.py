@@ -354,7 +354,7 @@ def _check_speed_options(cfg: Config) -> None:
     if cfg.task == Task.largest_batch and (t.compile or t.cuda_graph):
         key = "train.compile" if t.compile else "train.cuda_graph"
         raise ConfigError(
-            f"task=largest_batch runs eager DDP steps at growing sizes (a graph or a compiled "
+            f"task=largest_batch runs eager steps at growing sizes (a graph or a compiled "
             f"model would be rebuilt at every size): drop {key}=true for the search"
         )
     if cfg.mode == Mode.dp and t.cudnn_benchmark:
@@ -387,11 +387,6 @@ def _check_strategy(cfg: Config) -> None:
         raise ConfigError(
             f"{key}=true is not measured with --mode {cfg.mode} (its step gathers or broadcasts "
             f"parameters): drop {key}, or use --mode ddp"
-        )
-    if sharded and cfg.task == Task.largest_batch:
-        raise ConfigError(
-            f"task=largest_batch with --mode {cfg.mode}: a rank out of memory would leave the "
-            "others waiting in the step's collectives; search with --mode ddp for now"
         )
     if cfg.mode == Mode.fsdp and t.precision == Precision.fp16:
         raise ConfigError(

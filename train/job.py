@@ -36,6 +36,7 @@ from train.config import (
     Config,
     Mode,
     Precision,
+    Task,
     check_hardware,
     cpus_per_task,
     per_gpu,
@@ -44,7 +45,7 @@ from train.config import (
 )
 from train.errors import KitError, setup_logging
 from train.gpustats import GpuSampler
-from train.strategies import STRATEGIES, bare
+from train.strategies import STRATEGIES, bare, prepare
 from train.timing import StepClock, process_start_time
 
 log = logging.getLogger("train")
@@ -202,12 +203,15 @@ def _setup(cfg: Config, env: distenv.DistEnv, run_dir: Path, stops: resume.StopS
     torch.backends.cudnn.benchmark = cfg.train.cudnn_benchmark
     # The same initial weights everywhere (DDP broadcasts rank 0's anyway).
     torch.manual_seed(cfg.train.seed)
+    # The largest-batch search runs its steps in worker processes: this one keeps off the GPUs
+    # (no context, no communicator) and joins the others over gloo.
+    searching = cfg.task == Task.largest_batch
     if per_gpu(cfg.mode):
         env.export()
-        if device.type == "cuda":
+        if device.type == "cuda" and not searching:
             torch.cuda.set_device(device)
         dist.init_process_group(
-            backend=_dist_backend(cfg),
+            backend="gloo" if searching else _dist_backend(cfg),
             init_method="env://",
             timeout=datetime.timedelta(seconds=cfg.dist.timeout_s),
         )
@@ -251,13 +255,9 @@ def _model_and_optimizer(
     ctx: Context, shape: workloads.Shape, classes: int
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """The model, built for the data's shape and wrapped by the run's strategy; its optimizer."""
-    model = workloads.build_model(ctx.cfg, shape, classes).to(ctx.device)
+    model = workloads.build_model(ctx.cfg, shape, classes)
     ctx.parameters = sum(p.numel() for p in model.parameters())  # before a strategy shards them
-    if ctx.cfg.train.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    strategy = STRATEGIES[ctx.cfg.mode]
-    wrapped = strategy.wrap(ctx.cfg, model, ctx.device, ctx.gpus)
-    return wrapped, strategy.optimizer(ctx.cfg, wrapped)
+    return prepare(ctx.cfg, model, ctx.device, ctx.gpus)
 
 
 def _step(ctx: Context, model: nn.Module, optimizer: Any, scaler: Any) -> Any:
@@ -480,8 +480,11 @@ def _largest_batch(ctx: Context, started: float) -> dict[str, Any]:
     """The largest-batch job: no data, no epochs; real steps at growing batch sizes (GPU only)."""
     from train import maxbatch
 
-    shape, classes = workloads.shape(ctx.cfg, ctx.env.local_rank, _barrier)
-    model, optimizer = _model_and_optimizer(ctx, shape, classes)
+    cfg, env = ctx.cfg, ctx.env
+    shape, classes = workloads.shape(cfg, env.local_rank, _barrier)
+    model = workloads.build_model(cfg, shape, classes)  # on the CPU: the workers build their own
+    ctx.parameters = sum(p.numel() for p in model.parameters())
+    del model
     ctx.metrics.write(
         "start",
         **_start_record(ctx, 0, 0),
@@ -491,10 +494,13 @@ def _largest_batch(ctx: Context, started: float) -> dict[str, Any]:
     largest: int | None = None  # on CPU: not measured (host memory is not the question)
     trials: list[dict[str, Any]] = []
     if ctx.device.type == "cuda":
-        fits = maxbatch.make_trial(model, ctx.device, ctx.env.world_size, optimizer, shape, classes)
-        largest, trials = maxbatch.search(
-            fits, ctx.cfg.train.global_batch_size, unit=ctx.env.world_size
-        )
+        store = (env.master_addr, env.master_port) if per_gpu(cfg.mode) else None
+        spec = maxbatch.Spec(
+            cfg, env.rank, env.world_size, str(ctx.device), ctx.gpus, shape, classes,
+            torch.get_num_threads(), store,
+        )  # fmt: skip
+        with maxbatch.Trials(spec) as fits:
+            largest, trials = maxbatch.search(fits, cfg.train.global_batch_size, env.world_size)
     return ctx.metrics.write(
         "summary",
         largest_global_batch=largest,

@@ -1,25 +1,57 @@
 """The largest global batch that fits: double until out of memory, then bisect to within 5 %.
 
-Each trial runs real training steps (forward, backward, optimizer step) of the wrapped model on
-random data of the workload's shape, and recovers from an out-of-memory error inside the same process. DDP
-ranks agree on every trial's outcome through an all-reduce, so they always try the same size.
+A trial is real training steps of the run's strategy on random data of the workload's shape:
+forward, backward with every collective the strategy makes (DDP's bucketed all-reduce and its
+hook, ZeRO's broadcasts, FSDP's gathers and reduce-scatters) and the optimizer step, in the run's
+precision and layout.
+
+A rank that runs out of memory inside a step leaves the others waiting in a collective that will
+never complete, and a communicator cannot be trusted after that. So the steps run in a worker
+process per rank, with a process group of their own; the job's processes hold no GPU memory and
+watch them. A worker that fails answers its job process, which raises a flag in the job's store;
+the others see it and stop waiting. All ranks then agree on the outcome through the store, and
+after a failed trial every worker is ended: the next trial starts new ones. Workers live on while
+trials fit, so only a failed trial costs a start-up (forked from a server that imported torch once).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import datetime
 import gc
+import logging
+import multiprocessing
+import signal
+import time
+import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.nn import functional as F
+
+from train import steps, strategies, workloads
+from train.config import Config, Precision
+from train.errors import KitError
+
+log = logging.getLogger("train")
 
 TOLERANCE = 0.05
 CEILING = 1 << 24  # a global batch of 16 M samples: past this the search stops, whatever fits
-STEPS_PER_TRIAL = 2
+STEPS_PER_TRIAL = 2  # DDP rebuilds its buckets after the first step; momentum exists after it
+POLL_S = 0.05  # how often a job process looks at its worker and the store while it waits
+
+# A trial's outcome on one rank, worst last: the agreed outcome is the worst of all ranks'.
+FITS, ENDED, OOM, ERROR = "fits", "ended", "oom", "error"  # ENDED: another rank's worker failed
+WORST = (FITS, ENDED, OOM, ERROR)
+
+
+class TrialError(KitError):
+    """A trial failed for a reason other than memory: the search cannot go on."""
 
 
 def search(
@@ -50,60 +82,230 @@ def search(
     return low or None, trials
 
 
-def make_trial(
-    model: nn.Module,
-    device: torch.device,
-    world_size: int,
-    optimizer: Any,
-    shape: tuple[int, ...],
-    classes: int,
-) -> Callable[[int], bool]:
-    """A fits(global_batch) for this process: real steps, OOM caught, outcome agreed by all ranks."""
-    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+@dataclass(frozen=True)
+class Spec:
+    """What a worker needs to build this rank's part of a training step (sent to it pickled)."""
 
-    def batch(size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.randn(size, *shape, device=device)
-        return x, torch.randint(0, classes, (size,), device=device)
+    cfg: Config
+    rank: int
+    world_size: int
+    device: str  # this rank's device ("cuda:1"; DP: its first GPU)
+    gpus: int  # GPUs the rank drives (DP: all of the node's)
+    shape: tuple[int, ...]
+    classes: int
+    threads: int
+    store: tuple[str, int] | None  # the job's store (host, port); None: the job is one process
 
-    def fits(global_batch: int) -> bool:
-        per_rank = global_batch // world_size
-        ok = _steps(model, batch, per_rank, optimizer, ddp)
-        return _all_agree(ok, device)
 
-    return fits
+class Trials:
+    """fits(global_batch) for `search`, for this rank: its worker runs the steps, every rank's
+    job process calls it with the same sizes in the same order, and all agree on each outcome.
+    A context manager: leaving it ends the worker."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.timeout_s = spec.cfg.dist.timeout_s
+        self.store = _connect(spec) if spec.store else None
+        self.trial = 0  # trials made, the same count on every rank: it names the store's keys
+        self.life = 0  # sets of workers started: each has its own process group
+        self.worker: BaseProcess | None = None
+        self.conn: Connection | None = None
+        # Workers are forked from a server that imported torch and the kit once (this process
+        # may have touched CUDA, after which a fork could not use it).
+        self.context = multiprocessing.get_context("forkserver")
+        self.context.set_forkserver_preload([__name__])
+
+    def __enter__(self) -> Trials:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end_worker()
+
+    def __call__(self, global_batch: int) -> bool:
+        self.trial += 1
+        conn = self.conn if self.worker is not None else self._start_worker()
+        assert conn is not None
+        conn.send(global_batch // self.spec.world_size)
+        outcome, detail = self._answer()
+        if outcome in (OOM, ERROR) and self.store is not None:
+            self.store.set(self._key("failed"), "1")  # the other ranks stop waiting
+        agreed, details = self._agree(outcome, detail)
+        if self.spec.rank == 0:
+            log.info("largest batch: a global batch of %d: %s", global_batch, agreed)
+        if agreed != FITS:
+            self.end_worker()  # every rank ends its worker: the next trial starts a new group
+        if agreed == ERROR:
+            raise TrialError(
+                f"the largest-batch search stopped at a global batch of {global_batch}: "
+                + "; ".join(details)
+            )
+        return agreed == FITS
+
+    def end_worker(self) -> None:
+        if self.worker is None:
+            return
+        self.worker.kill()  # it may wait in a collective that will never complete
+        self.worker.join()
+        if self.conn is not None:
+            self.conn.close()
+        self.worker = self.conn = None
+
+    def _start_worker(self) -> Connection:
+        self.life += 1
+        mine, theirs = self.context.Pipe()
+        life = f"maxbatch/life{self.life}/"
+        self.worker = self.context.Process(
+            target=_work, args=(self.spec, life, theirs), daemon=True, name="maxbatch-worker"
+        )
+        self.worker.start()
+        theirs.close()
+        self.conn = mine
+        return mine
+
+    def _answer(self) -> tuple[str, str]:
+        """This rank's outcome: its worker's answer, or that another rank's worker failed."""
+        assert self.worker is not None and self.conn is not None
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            if self.conn.poll(POLL_S):
+                with contextlib.suppress(EOFError):
+                    outcome, detail = self.conn.recv()
+                    return outcome, detail
+                self.worker.join(1)  # the worker closed its end: it is ending
+            if self.store is not None and self.store.check([self._key("failed")]):
+                return ENDED, ""
+            if not self.worker.is_alive():
+                return ERROR, _ended(self.worker.exitcode)
+            if time.monotonic() > deadline:
+                return ERROR, (
+                    f"no answer from the worker in dist.timeout_s={self.timeout_s} s (a hang, or "
+                    "steps slower than that: raise dist.timeout_s)"
+                )
+
+    def _agree(self, outcome: str, detail: str) -> tuple[str, list[str]]:
+        """The worst outcome of all ranks, and what the failing ones said."""
+        if self.store is None:
+            return outcome, [f"rank 0: {detail}"] if detail else []
+        self.store.set(self._key(f"rank{self.spec.rank}"), f"{outcome}\n{detail}")
+        keys = [self._key(f"rank{r}") for r in range(self.spec.world_size)]
+        self.store.wait(keys, datetime.timedelta(seconds=self.timeout_s))
+        said = [self.store.get(key).decode().split("\n", 1) for key in keys]
+        details = [f"rank {r}: {text}" for r, (what, text) in enumerate(said) if what == ERROR]
+        return max((what for what, _ in said), key=WORST.index), details
+
+    def _key(self, name: str) -> str:
+        return f"maxbatch/trial{self.trial}/{name}"
+
+
+def _connect(spec: Spec) -> dist.TCPStore:
+    assert spec.store is not None
+    host, port = spec.store
+    timeout = datetime.timedelta(seconds=spec.cfg.dist.timeout_s)
+    return dist.TCPStore(host, port, is_master=False, timeout=timeout)
+
+
+def _ended(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        why = {
+            signal.SIGKILL: " (the host out of memory?)",
+            signal.SIGTERM: " (the job cancelled, preempted or at its time limit?)",
+        }.get(signal.Signals(-exitcode), "")
+        return f"the worker process was ended by {signal.Signals(-exitcode).name}{why}"
+    return f"the worker process ended with exit code {exitcode} before it answered"
+
+
+# --- the worker ------------------------------------------------------------------------------
+
+
+def _work(spec: Spec, life: str, conn: Connection) -> None:
+    """A worker's life: build the rank's model, optimizer and process group, then run steps at
+    each size its job process sends, answering each; after a failure, wait to be ended."""
+    _end_with_parent()
+    torch.set_num_threads(spec.threads)
+    batch = conn.recv()
+    try:
+        step, inputs = _build(spec, life)
+        while True:
+            _steps(step, inputs, batch, torch.device(spec.device), spec.gpus)
+            conn.send((FITS, ""))
+            batch = conn.recv()
+    except EOFError:
+        return  # the job process is gone
+    except BaseException as err:  # every failure is an answer: the job process decides
+        conn.send((OOM if out_of_memory(err) else ERROR, _describe(err)))
+        with contextlib.suppress(EOFError):
+            conn.recv()  # the other ranks may wait in a collective: be ended with them
+
+
+def _build(spec: Spec, life: str) -> tuple[steps.EagerStep, Callable[[int], Any]]:
+    device, cfg = torch.device(spec.device), spec.cfg
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if spec.store is not None:
+        store = dist.PrefixStore(life, _connect(spec))
+        dist.init_process_group(
+            backend=_backend(cfg, device),
+            store=store,
+            rank=spec.rank,
+            world_size=spec.world_size,
+            timeout=datetime.timedelta(seconds=cfg.dist.timeout_s),
+        )
+    torch.manual_seed(cfg.train.seed)
+    model = workloads.build_model(cfg, spec.shape, spec.classes)
+    wrapped, optimizer = strategies.prepare(cfg, model, device, spec.gpus)
+    scaler = torch.amp.GradScaler(enabled=cfg.train.precision == Precision.fp16)
+    cast = steps.autocast(device, cfg.train.precision.value)
+    step = steps.EagerStep(wrapped, optimizer, scaler, 1, cast, cfg.train.channels_last)
+
+    def inputs(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(size, *spec.shape, device=device)
+        return x, torch.randint(0, spec.classes, (size,), device=device)
+
+    return step, inputs
 
 
 def _steps(
-    model: nn.Module,
-    make: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    step: steps.EagerStep,
+    inputs: Callable[[int], Any],
     batch: int,
-    optimizer: Any,
-    ddp: bool,
-) -> bool:
-    x = y = None
-    try:
-        x, y = make(batch)
-        for _ in range(STEPS_PER_TRIAL):
-            # No gradient all-reduce inside a step that may run out of memory: a rank stuck in a
-            # collective while another recovers would hang. Gradients are reduced after agreeing.
-            with model.no_sync() if ddp else contextlib.nullcontext():  # type: ignore[operator]
-                F.cross_entropy(model(x), y).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        return True
-    except torch.OutOfMemoryError:
-        return False
-    finally:
-        del x, y
-        optimizer.zero_grad(set_to_none=True)
-        gc.collect()
-        torch.cuda.empty_cache()
+    device: torch.device,
+    gpus: int,
+) -> None:
+    x, y = inputs(batch)
+    for _ in range(STEPS_PER_TRIAL):
+        step.micro(x, y, last=True)
+        step.update()
+    if device.type == "cuda":  # an error of an asynchronous kernel surfaces here
+        for index in range(gpus) if gpus > 1 else [device.index]:
+            torch.cuda.synchronize(index)
+    del x, y
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the next, larger trial starts from what training keeps
 
 
-def _all_agree(ok: bool, device: torch.device) -> bool:
-    if not dist.is_initialized():
-        return ok
-    flag = torch.tensor([1 if ok else 0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+def _backend(cfg: Config, device: torch.device) -> str:
+    if cfg.dist.backend != "auto":
+        return cfg.dist.backend.value
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """PyTorch's allocator, a kernel, cuBLAS or NCCL failing to allocate device memory."""
+    text = str(err).lower()
+    return isinstance(err, torch.OutOfMemoryError) or any(
+        words in text for words in ("out of memory", "cublas_status_alloc_failed")
+    )
+
+
+def _describe(err: BaseException) -> str:
+    where = traceback.extract_tb(err.__traceback__)[-1:] if err.__traceback__ else []
+    at = f" (at {where[0].filename}:{where[0].lineno})" if where else ""
+    return f"{type(err).__name__}: {str(err)[:500]}{at}"
+
+
+def _end_with_parent() -> None:
+    """The worker is the forkserver's child: when that ends (with the job process), so does the
+    worker, even if the job process was killed (Linux's PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)

@@ -194,6 +194,19 @@ STRATEGIES: dict[Mode, DDP] = {
 }
 
 
+def prepare(
+    cfg: Config, model: nn.Module, device: torch.device, gpus: int
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The bare model on its device, in the run's memory layout, wrapped by the run's strategy;
+    and its optimizer."""
+    model = model.to(device)
+    if cfg.train.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    strategy = STRATEGIES[cfg.mode]
+    wrapped = strategy.wrap(cfg, model, device, gpus)
+    return wrapped, strategy.optimizer(cfg, wrapped)
+
+
 def bare(model: nn.Module) -> nn.Module:
     """The model inside its wrappers (compile's, then DP's or DDP's)."""
     model = getattr(model, "_orig_mod", model)

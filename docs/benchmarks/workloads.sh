@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The strategies side by side on three workloads: DP, DDP, DDP with the bf16 all-reduce hook,
-# ZeRO and FSDP, each trained once, and the largest-batch search of DP and DDP, on every GPU of
-# one node through `launch submit` (local backend). The workloads:
+# ZeRO and FSDP, each trained once and searched for its largest batch, on every GPU of one node
+# through `launch submit` (local backend). The workloads:
 #   1. the article's: the ConvNet on the embedded 60k/10k digits, global batch 512, 10 epochs;
 #   2. torchvision's ResNet-18 on embedded 3 × 32² colour patterns (50k/10k, 10 classes), 3 epochs;
 #   3. many classes: the ConvNet with a 100 000-class head on 1 × 28² patterns, 3 epochs; its
@@ -27,8 +27,8 @@ for workload in "${workloads[@]}"; do
     for strategy in "${strategies[@]}"; do
         run $strategy $workload "$@"
     done
-    for mode in dp ddp; do
+    for strategy in "${strategies[@]}"; do
         # shellcheck disable=SC2086
-        run --mode "$mode" task=largest_batch $workload "$@"
+        run $strategy task=largest_batch $workload "$@"
     done
 done

@@ -1,0 +1,158 @@
+"""The largest-batch search's trials with every collective of a real step, on CPU with gloo: two
+job processes, each with its worker; rank 1's model fails past a size (the factories below), as a
+GPU out of memory would, while rank 0 goes on into the step's collectives and would wait there for
+ever. The search must end rank 0's stuck worker, agree, carry on, and report what rank 1 saw.
+
+The faults are injected by the model (a CPU has no device memory to run out of); the real
+out-of-memory path runs on GPUs in tests/test_gpu.py."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from train import maxbatch
+from train.config import load_config
+from train.errors import KitError
+
+LIMIT = 700  # samples per rank past which rank 1's model fails
+SHAPE, CLASSES = (1, 4, 4), 3
+SETTINGS = ["train.global_batch_size=64", "dist.timeout_s=60"]
+
+
+class Fragile(nn.Module):
+    """Two layers (FSDP shards each); `fail` runs in rank 1's forward past LIMIT samples."""
+
+    def __init__(self, fail: Any) -> None:
+        super().__init__()
+        self.fail = fail
+        self.first = nn.Sequential(nn.Flatten(), nn.Linear(16, 32), nn.ReLU())
+        self.last = nn.Linear(32, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rank = dist.get_rank() if dist.is_initialized() else 1
+        if rank == 1 and len(x) > LIMIT:
+            self.fail()
+        return self.last(self.first(x))
+
+
+def _oom() -> None:
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+
+
+def _bug() -> None:
+    raise ValueError("a bug in the user's model (injected)")
+
+
+def _killed() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def oom_on_rank1(shape: tuple[int, ...], classes: int) -> nn.Module:
+    return Fragile(_oom)
+
+
+def bug_on_rank1(shape: tuple[int, ...], classes: int) -> nn.Module:
+    return Fragile(_bug)
+
+
+def killed_on_rank1(shape: tuple[int, ...], classes: int) -> nn.Module:
+    return Fragile(_killed)
+
+
+def _job_process(rank: int, world: int, port: int, settings: list[str], out: Any) -> None:
+    """One rank of a largest-batch job, as train.job runs it: a gloo group, then the search."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+    if world > 1:
+        dist.init_process_group("gloo", init_method="env://")
+    cfg = load_config(None, settings)
+    store = ("127.0.0.1", port) if world > 1 else None
+    spec = maxbatch.Spec(cfg, rank, world, "cpu", 0, SHAPE, CLASSES, 1, store)
+    try:
+        with maxbatch.Trials(spec) as fits:
+            found, trials = maxbatch.search(fits, cfg.train.global_batch_size, world)
+        out.put((rank, found, trials, fits.life))
+    except KitError as err:
+        out.put((rank, None, str(err), 0))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _search(*settings: str, world: int = 2) -> dict[int, tuple[Any, Any, int]]:
+    """Each rank's (largest batch, trials or error, worker lives), from real job processes."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    ranks = [
+        context.Process(target=_job_process, args=(r, world, port, [*SETTINGS, *settings], out))
+        for r in range(world)
+    ]
+    started = time.monotonic()
+    for p in ranks:
+        p.start()
+    results = {}
+    for _ in ranks:
+        rank, found, trials, lives = out.get(timeout=240)
+        results[rank] = (found, trials, lives)
+    for p in ranks:
+        p.join(30)
+        assert p.exitcode == 0, p.exitcode
+    assert time.monotonic() - started < 240
+    return results
+
+
+STRATEGIES = {
+    "ddp": ["mode=ddp"],
+    "ddp+bf16": ["mode=ddp", "dist.comm_hook=bf16"],
+    "zero": ["mode=zero"],
+    "fsdp": ["mode=fsdp"],
+}
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_a_rank_out_of_memory_ends_the_trial_on_every_rank(strategy: str) -> None:
+    results = _search("model.name=test_maxbatch:oom_on_rank1", *STRATEGIES[strategy])
+    (found, trials, lives), other = results[0], results[1]
+    assert other == results[0]  # both ranks agree on every trial and the answer
+    limit = 2 * LIMIT  # global: two ranks
+    assert found is not None and limit * (1 - maxbatch.TOLERANCE) <= found <= limit
+    assert [t["fits"] for t in trials] == [t["global_batch"] <= limit for t in trials]
+    failed = sum(not t["fits"] for t in trials)
+    assert failed >= 1 and lives == failed + 1 - (not trials[-1]["fits"])  # a new life per failure
+
+
+def test_one_process_dp_search_recovers_from_out_of_memory() -> None:
+    (found, trials, lives) = _search("model.name=test_maxbatch:oom_on_rank1", "mode=dp", world=1)[0]
+    assert found is not None and LIMIT * (1 - maxbatch.TOLERANCE) <= found <= LIMIT
+    assert any(not t["fits"] for t in trials) and lives > 1
+
+
+@pytest.mark.parametrize(
+    ("factory", "said"),
+    [
+        ("bug_on_rank1", "rank 1: ValueError: a bug in the user's model (injected)"),
+        ("killed_on_rank1", "rank 1: the worker process was ended by SIGKILL"),
+    ],
+)
+def test_a_failure_other_than_memory_stops_every_rank_with_its_reason(
+    factory: str, said: str
+) -> None:
+    results = _search(f"model.name=test_maxbatch:{factory}", "mode=ddp")
+    for rank in (0, 1):
+        found, error, _ = results[rank]
+        assert found is None
+        assert "the largest-batch search stopped at a global batch of 2048" in error, error
+        assert said in error
