@@ -222,8 +222,8 @@ def _work(spec: Spec, life: str, conn: Connection) -> None:
     each size its job process sends, answering each; after a failure, wait to be ended."""
     _end_with_parent()
     torch.set_num_threads(spec.threads)
-    batch = conn.recv()
     try:
+        batch = conn.recv()
         step, inputs = _build(spec, life)
         while True:
             _steps(step, inputs, batch, torch.device(spec.device), spec.gpus)
