@@ -485,9 +485,11 @@ def _largest_batch(ctx: Context, started: float) -> dict[str, Any]:
     model = workloads.build_model(cfg, shape, classes)  # on the CPU: the workers build their own
     ctx.parameters = sum(p.numel() for p in model.parameters())
     del model
+    # The backend the trial steps use (this process joins the others over gloo).
+    backend = _dist_backend(cfg) if per_gpu(cfg.mode) else "none"
     ctx.metrics.write(
         "start",
-        **_start_record(ctx, 0, 0),
+        **(_start_record(ctx, 0, 0) | {"backend": backend}),
         **_workload_record(ctx, shape, classes),
         startup_s=time.time() - started,
     )

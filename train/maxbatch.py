@@ -6,12 +6,14 @@ hook, ZeRO's broadcasts, FSDP's gathers and reduce-scatters) and the optimizer s
 precision and layout.
 
 A rank that runs out of memory inside a step leaves the others waiting in a collective that will
-never complete, and a communicator cannot be trusted after that. So the steps run in a worker
-process per rank, with a process group of their own; the job's processes hold no GPU memory and
-watch them. A worker that fails answers its job process, which raises a flag in the job's store;
-the others see it and stop waiting. All ranks then agree on the outcome through the store, and
-after a failed trial every worker is ended: the next trial starts new ones. Workers live on while
-trials fit, so only a failed trial costs a start-up (forked from a server that imported torch once).
+never complete, and a communicator cannot be trusted after that. So each trial runs in fresh
+worker processes, one per rank, with a process group of their own; the job's processes hold no GPU
+memory and watch them. A worker that fails answers its job process, which raises a flag in the
+job's store; the others see it and stop waiting. All ranks agree on the outcome through the store,
+then every worker is ended. A fresh process per trial, as a training job starts: a process that
+already ran other sizes fits a few per cent more or less (its allocator's cache, its libraries'
+workspaces), which showed as disagreements with a fresh-process check. Workers are forked from a
+server that imported torch once, so a trial costs the CUDA and process-group start-up only.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
-import gc
 import logging
 import multiprocessing
 import signal
@@ -98,16 +99,15 @@ class Spec:
 
 
 class Trials:
-    """fits(global_batch) for `search`, for this rank: its worker runs the steps, every rank's
-    job process calls it with the same sizes in the same order, and all agree on each outcome.
-    A context manager: leaving it ends the worker."""
+    """fits(global_batch) for `search`, for this rank: a fresh worker runs each trial, every
+    rank's job process calls it with the same sizes in the same order, and all agree on each
+    outcome. A context manager: leaving it ends a worker still running."""
 
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
         self.timeout_s = spec.cfg.dist.timeout_s
         self.store = _connect(spec) if spec.store else None
         self.trial = 0  # trials made, the same count on every rank: it names the store's keys
-        self.life = 0  # sets of workers started: each has its own process group
         self.worker: BaseProcess | None = None
         self.conn: Connection | None = None
         # Workers are forked from a server that imported torch and the kit once (this process
@@ -119,21 +119,20 @@ class Trials:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.end_worker()
+        self._end_worker()
 
     def __call__(self, global_batch: int) -> bool:
         self.trial += 1
-        conn = self.conn if self.worker is not None else self._start_worker()
-        assert conn is not None
-        conn.send(global_batch // self.spec.world_size)
-        outcome, detail = self._answer()
-        if outcome in (OOM, ERROR) and self.store is not None:
-            self.store.set(self._key("failed"), "1")  # the other ranks stop waiting
-        agreed, details = self._agree(outcome, detail)
+        self._start_worker(global_batch // self.spec.world_size)
+        try:
+            outcome, detail = self._answer()
+            if outcome in (OOM, ERROR) and self.store is not None:
+                self.store.set(self._key("failed"), "1")  # the other ranks stop waiting
+            agreed, details = self._agree(outcome, detail)
+        finally:
+            self._end_worker()  # it may wait in a collective that will never complete
         if self.spec.rank == 0:
             log.info("largest batch: a global batch of %d: %s", global_batch, agreed)
-        if agreed != FITS:
-            self.end_worker()  # every rank ends its worker: the next trial starts a new group
         if agreed == ERROR:
             raise TrialError(
                 f"the largest-batch search stopped at a global batch of {global_batch}: "
@@ -141,26 +140,24 @@ class Trials:
             )
         return agreed == FITS
 
-    def end_worker(self) -> None:
-        if self.worker is None:
-            return
-        self.worker.kill()  # it may wait in a collective that will never complete
-        self.worker.join()
-        if self.conn is not None:
-            self.conn.close()
-        self.worker = self.conn = None
-
-    def _start_worker(self) -> Connection:
-        self.life += 1
-        mine, theirs = self.context.Pipe()
-        life = f"maxbatch/life{self.life}/"
+    def _start_worker(self, batch: int) -> None:
+        self.conn, theirs = self.context.Pipe()
         self.worker = self.context.Process(
-            target=_work, args=(self.spec, life, theirs), daemon=True, name="maxbatch-worker"
+            target=_work,
+            args=(self.spec, self._key("group/"), batch, theirs),
+            daemon=True,
+            name="maxbatch-worker",
         )
         self.worker.start()
         theirs.close()
-        self.conn = mine
-        return mine
+
+    def _end_worker(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker.join()
+        if self.conn is not None:
+            self.conn.close()
+        self.worker = self.conn = None
 
     def _answer(self) -> tuple[str, str]:
         """This rank's outcome: its worker's answer, or that another rank's worker failed."""
@@ -217,32 +214,29 @@ def _ended(exitcode: int | None) -> str:
 # --- the worker ------------------------------------------------------------------------------
 
 
-def _work(spec: Spec, life: str, conn: Connection) -> None:
-    """A worker's life: build the rank's model, optimizer and process group, then run steps at
-    each size its job process sends, answering each; after a failure, wait to be ended."""
+def _work(spec: Spec, prefix: str, batch: int, conn: Connection) -> None:
+    """One trial on one rank: build the rank's process group, model and optimizer, run the steps
+    at `batch` samples, answer, and wait to be ended (after a failure the other ranks may be
+    waiting in a collective; after success they may still be finishing theirs)."""
     _end_with_parent()
     torch.set_num_threads(spec.threads)
     try:
-        batch = conn.recv()
-        step, inputs = _build(spec, life)
-        while True:
-            _steps(step, inputs, batch, torch.device(spec.device), spec.gpus)
-            conn.send((FITS, ""))
-            batch = conn.recv()
-    except EOFError:
-        return  # the job process is gone
+        step, inputs = _build(spec, prefix)
+        _steps(step, inputs, batch, torch.device(spec.device), spec.gpus)
+        answer = (FITS, "")
     except BaseException as err:  # every failure is an answer: the job process decides
-        conn.send((OOM if out_of_memory(err) else ERROR, _describe(err)))
-        with contextlib.suppress(EOFError):
-            conn.recv()  # the other ranks may wait in a collective: be ended with them
+        answer = (OOM if out_of_memory(err) else ERROR, _describe(err))
+    with contextlib.suppress(OSError):  # the job process may be gone
+        conn.send(answer)
+        conn.recv()
 
 
-def _build(spec: Spec, life: str) -> tuple[steps.EagerStep, Callable[[int], Any]]:
+def _build(spec: Spec, prefix: str) -> tuple[steps.EagerStep, Callable[[int], Any]]:
     device, cfg = torch.device(spec.device), spec.cfg
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if spec.store is not None:
-        store = dist.PrefixStore(life, _connect(spec))
+        store = dist.PrefixStore(prefix, _connect(spec))
         dist.init_process_group(
             backend=_backend(cfg, device),
             store=store,
@@ -278,10 +272,6 @@ def _steps(
     if device.type == "cuda":  # an error of an asynchronous kernel surfaces here
         for index in range(gpus) if gpus > 1 else [device.index]:
             torch.cuda.synchronize(index)
-    del x, y
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()  # the next, larger trial starts from what training keeps
 
 
 def _backend(cfg: Config, device: torch.device) -> str:
