@@ -113,6 +113,26 @@ def test_fsdp_scores_an_uneven_test_split_once(tmp_path: Path) -> None:
     assert accuracy == pytest.approx(records(run_dir)[-1]["final_test_accuracy"], abs=1e-6)
 
 
+def test_fsdp_scores_the_model_it_saves_with_batchnorm(tmp_path: Path) -> None:
+    """ResNet-18's BatchNorm statistics are each rank's own under FSDP: the ranks must score,
+    and the checkpoint hold, one model, so the reported accuracy is the saved model's."""
+    from train import workloads
+    from train.config import load_config
+
+    settings = ["model.name=resnet18", "data.dataset=patterns", "data.image_size=8",
+                "data.train_size=256", "data.test_size=96", "train.global_batch_size=32",
+                "train.epochs=1"]  # fmt: skip
+    run_dir = _submit(tmp_path, "--mode", "fsdp", *TWO_RANKS, *settings)
+    work = workloads.load(load_config(None, settings), 0, lambda: None)
+    model = workloads.build_model(load_config(None, settings), work.sample_shape, work.classes)
+    model.load_state_dict(torch.load(run_dir / runfolder.CHECKPOINT))
+    model.eval()
+    with torch.no_grad():
+        predicted = model(work.normalise(work.test[0])).argmax(1)
+    accuracy = (predicted == work.test[1]).float().mean().item()
+    assert accuracy == pytest.approx(records(run_dir)[-1]["final_test_accuracy"], abs=1e-6)
+
+
 def test_fsdp_averages_gradients_as_ddp_does(runs: tuple[Path, dict[str, Path]]) -> None:
     """Gathered from its shards, FSDP's model ends where DDP's does from the same start (a
     gradient summed instead of averaged over the ranks would leave it far off)."""

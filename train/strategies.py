@@ -144,6 +144,11 @@ class FSDP(DDP):
         return model
 
     def scored(self, model: nn.Module) -> nn.Module:
+        """The model with rank 0's buffers on every rank (every rank calls). FSDP leaves
+        buffers, such as BatchNorm's running statistics, to each rank (DDP broadcasts rank 0's
+        at every forward): the ranks then score, and a checkpoint saves, one model."""
+        for buffer in model.buffers():
+            dist.broadcast(buffer, 0)
         return model
 
     def model_state(self, model: nn.Module) -> dict[str, Any]:
