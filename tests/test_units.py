@@ -95,6 +95,14 @@ def test_search_ceiling_is_the_module_constant(monkeypatch: pytest.MonkeyPatch) 
     assert found == 800 and [t["global_batch"] for t in trials] == [100, 200, 400, 800]
 
 
+def test_search_starting_past_the_ceiling_starts_at_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(maxbatch, "CEILING", 1000)
+    found, trials = search(Limit(float("inf")), start=5000, unit=8)
+    assert found == 1000 and [t["global_batch"] for t in trials] == [1000]
+    found, trials = search(Limit(600), start=5000, unit=8)
+    assert found is not None and 600 * (1 - TOLERANCE) <= found <= 600
+
+
 def test_search_start_below_unit_starts_at_unit() -> None:
     fits = Limit(100)
     search(fits, start=3, unit=8)

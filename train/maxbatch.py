@@ -67,7 +67,7 @@ def search(
         return ok
 
     low, high = 0, None
-    batch = max(unit, start // unit * unit)
+    batch = max(unit, min(start, CEILING) // unit * unit)
     while high is None and batch <= CEILING:
         if attempt(batch):
             low, batch = batch, batch * 2
