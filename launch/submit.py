@@ -314,12 +314,15 @@ def follow(
 
 def _result_words(result: dict[str, Any]) -> str:
     if "largest_global_batch" in result:
-        largest = result["largest_global_batch"]
-        return (
-            f"largest global batch that fits: {largest} (within 5 %)"
-            if largest
-            else "largest batch not measured (no GPU)"
-        )
+        largest, trials = result["largest_global_batch"], result.get("trials") or []
+        if not trials:
+            return "largest batch not measured (no GPU)"
+        if not largest:
+            smallest = min(t["global_batch"] for t in trials)
+            return f"no batch fits: {smallest} samples ran out of memory"
+        if largest >= result.get("ceiling", float("inf")):
+            return f"largest global batch that fits: at least {largest} (where the search stops)"
+        return f"largest global batch that fits: {largest} (within 5 %)"
     return (
         f"test accuracy {result['final_test_accuracy']:.2%}, test loss {result['final_test_loss']:.4f}, "
         f"{result['train_seconds']:.1f} s training"

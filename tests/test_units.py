@@ -370,3 +370,28 @@ def test_the_launcher_counts_visible_gpus_as_torch_does(visible: str | None, exp
     from launch.submit import visible_count
 
     assert visible_count(4, visible) == expected
+
+
+# --- what `launch submit --wait` says of a largest-batch search ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("largest", "trials", "said"),
+    [
+        (None, [], "largest batch not measured (no GPU)"),
+        (None, [(8, False)], "no batch fits: 8 samples ran out of memory"),
+        (3000, [(2000, True), (4000, False), (3000, True)], "fits: 3000 (within 5 %)"),
+        (CEILING, [(CEILING, True)], f"fits: at least {CEILING} (where the search stops)"),
+    ],
+)
+def test_largest_batch_result_in_words(
+    largest: int | None, trials: list[tuple[int, bool]], said: str
+) -> None:
+    from launch.submit import _result_words
+
+    result = {
+        "largest_global_batch": largest,
+        "trials": [{"global_batch": b, "fits": ok} for b, ok in trials],
+        "ceiling": CEILING,
+    }
+    assert _result_words(result).endswith(said)

@@ -507,6 +507,7 @@ def _largest_batch(ctx: Context, started: float) -> dict[str, Any]:
         "summary",
         largest_global_batch=largest,
         tolerance=maxbatch.TOLERANCE,
+        ceiling=maxbatch.CEILING,  # a search that fits this stops there: a lower bound
         trials=trials,
         total_seconds=time.time() - started,
         gpus=[],
