@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -55,6 +56,15 @@ def _bug() -> None:
 
 def _killed() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _hang() -> None:
+    Path(os.environ["KIT_TEST_WORKER_PID"]).write_text(str(os.getpid()))
+    time.sleep(600)
+
+
+def hangs_on_rank1(shape: tuple[int, ...], classes: int) -> nn.Module:
+    return Fragile(_hang)
 
 
 def oom_on_rank1(shape: tuple[int, ...], classes: int) -> nn.Module:
@@ -155,3 +165,35 @@ def test_a_failure_other_than_memory_stops_every_rank_with_its_reason(
         assert found is None
         assert "the largest-batch search stopped at a global batch of 2048" in error, error
         assert said in error
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_a_job_process_killed_mid_trial_takes_its_worker_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL, as Slurm's or a cancel's last word: no handler runs, yet the worker (which may
+    hold a GPU) must not outlive the job process."""
+    marker = tmp_path / "worker.pid"
+    monkeypatch.setenv("KIT_TEST_WORKER_PID", str(marker))  # the job process inherits it
+    context = multiprocessing.get_context("spawn")
+    settings = [*SETTINGS, "model.name=test_maxbatch:hangs_on_rank1", "mode=dp"]
+    out = context.Queue()
+    job = context.Process(target=_job_process, args=(0, 1, 0, settings, out))
+    job.start()
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    worker = int(marker.read_text())  # the trial past LIMIT samples, hanging in its forward
+    assert not _ended(worker)
+    job.kill()
+    job.join()
+    deadline = time.monotonic() + 30
+    while not _ended(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _ended(worker), f"worker {worker} outlived its job process"

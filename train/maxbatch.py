@@ -19,17 +19,19 @@ server that imported torch once, so a trial costs the CUDA and process-group sta
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import logging
 import multiprocessing
+import os
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -96,6 +98,7 @@ class Spec:
     classes: int
     threads: int
     store: tuple[str, int] | None  # the job's store (host, port); None: the job is one process
+    job_pid: int = field(default_factory=os.getpid)  # the job process, made in it
 
 
 class Trials:
@@ -218,7 +221,7 @@ def _work(spec: Spec, prefix: str, batch: int, conn: Connection) -> None:
     """One trial on one rank: build the rank's process group, model and optimizer, run the steps
     at `batch` samples, answer, and wait to be ended (after a failure the other ranks may be
     waiting in a collective; after success they may still be finishing theirs)."""
-    _end_with_parent()
+    _end_with(spec.job_pid)
     torch.set_num_threads(spec.threads)
     try:
         step, inputs = _build(spec, prefix)
@@ -294,8 +297,21 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err)[:500]}{at}"
 
 
-def _end_with_parent() -> None:
-    """The worker is the forkserver's child: when that ends (with the job process), so does the
-    worker, even if the job process was killed (Linux's PR_SET_PDEATHSIG)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+def _end_with(job_pid: int) -> None:
+    """End this worker when the job process is gone, even killed outright (no handler ran, and
+    the worker is the fork server's child, not the job process's): a watch every second."""
+
+    def watch() -> None:
+        while _alive(job_pid):
+            time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="job-watch").start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")  # a zombie is a process that has ended
