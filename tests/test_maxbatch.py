@@ -87,10 +87,9 @@ def _job_process(rank: int, world: int, port: int, settings: list[str], out: Any
         dist.init_process_group("gloo", init_method="env://")
     cfg = load_config(None, settings)
     store = ("127.0.0.1", port) if world > 1 else None
-    spec = maxbatch.Spec(cfg, rank, world, "cpu", 0, SHAPE, CLASSES, 1, store)
+    spec = maxbatch.Spec(cfg, rank, world, "cpu", 0, SHAPE, CLASSES, 1, store, "gloo")
     try:
-        with maxbatch.Trials(spec) as fits:
-            found, trials = maxbatch.search(fits, cfg.train.global_batch_size, world)
+        found, trials = maxbatch.search(maxbatch.Trials(spec), cfg.train.global_batch_size, world)
         out.put((rank, found, trials))
     except KitError as err:
         out.put((rank, None, str(err)))

@@ -499,10 +499,10 @@ def _largest_batch(ctx: Context, started: float) -> dict[str, Any]:
         store = (env.master_addr, env.master_port) if per_gpu(cfg.mode) else None
         spec = maxbatch.Spec(
             cfg, env.rank, env.world_size, str(ctx.device), ctx.gpus, shape, classes,
-            torch.get_num_threads(), store,
+            torch.get_num_threads(), store, backend,
         )  # fmt: skip
-        with maxbatch.Trials(spec) as fits:
-            largest, trials = maxbatch.search(fits, cfg.train.global_batch_size, env.world_size)
+        fits = maxbatch.Trials(spec)
+        largest, trials = maxbatch.search(fits, cfg.train.global_batch_size, env.world_size)
     return ctx.metrics.write(
         "summary",
         largest_global_batch=largest,

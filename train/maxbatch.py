@@ -98,13 +98,14 @@ class Spec:
     classes: int
     threads: int
     store: tuple[str, int] | None  # the job's store (host, port); None: the job is one process
+    backend: str  # the workers' process group's (unused without a store)
     job_pid: int = field(default_factory=os.getpid)  # the job process, made in it
 
 
 class Trials:
     """fits(global_batch) for `search`, for this rank: a fresh worker runs each trial, every
     rank's job process calls it with the same sizes in the same order, and all agree on each
-    outcome. A context manager: leaving it ends a worker still running."""
+    outcome."""
 
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
@@ -117,12 +118,6 @@ class Trials:
         # may have touched CUDA, after which a fork could not use it).
         self.context = multiprocessing.get_context("forkserver")
         self.context.set_forkserver_preload([__name__])
-
-    def __enter__(self) -> Trials:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._end_worker()
 
     def __call__(self, global_batch: int) -> bool:
         self.trial += 1
@@ -241,7 +236,7 @@ def _build(spec: Spec, prefix: str) -> tuple[steps.EagerStep, Callable[[int], An
     if spec.store is not None:
         store = dist.PrefixStore(prefix, _connect(spec))
         dist.init_process_group(
-            backend=_backend(cfg, device),
+            backend=spec.backend,
             store=store,
             rank=spec.rank,
             world_size=spec.world_size,
@@ -275,12 +270,6 @@ def _steps(
     if device.type == "cuda":  # an error of an asynchronous kernel surfaces here
         for index in range(gpus) if gpus > 1 else [device.index]:
             torch.cuda.synchronize(index)
-
-
-def _backend(cfg: Config, device: torch.device) -> str:
-    if cfg.dist.backend != "auto":
-        return cfg.dist.backend.value
-    return "nccl" if device.type == "cuda" else "gloo"
 
 
 def out_of_memory(err: BaseException) -> bool:
