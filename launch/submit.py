@@ -72,7 +72,8 @@ def _slurm_configured() -> bool:
 def check_submission(cfg: Config, dry_run: bool = False) -> Backend:
     """Everything the launcher can check before a file is made; returns the backend to use.
 
-    A dry run needs no Slurm client: it shows the script on any machine.
+    A dry run needs no Slurm client: it shows the script on any machine. It does import a
+    user's factories, as a submission from here would.
     """
     backend = resolve_backend(cfg.cluster.backend)
     if backend == Backend.slurm and not shutil.which("sbatch") and not dry_run:
@@ -84,8 +85,7 @@ def check_submission(cfg: Config, dry_run: bool = False) -> Backend:
             f"the local backend runs on one machine; cluster.nodes={cfg.cluster.nodes} needs Slurm"
         )
     runfolder.check_root(cfg.output.root)
-    if not dry_run:
-        _check_factories(cfg)
+    _check_factories(cfg)
     if backend == Backend.local:
         check_hardware(cfg, _local_gpus(), tasks_per_node(cfg))
     return backend

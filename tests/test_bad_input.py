@@ -264,13 +264,13 @@ CASES = [
         "model factory not importable",
         ("model.name=no_such_package.models:build",),
         ("cannot import no_such_package.models", "add its folder to PYTHONPATH"),
-        (("submit",),),
+        SUBMIT_ONLY,
     ),
     Case(
         "model factory missing",
         ("model.name=json:no_such_function",),
         ("json has no attribute named no_such_function", "-> torch.nn.Module"),
-        (("submit",),),
+        SUBMIT_ONLY,
     ),
     Case(
         "dataset factory not a function",
@@ -279,13 +279,13 @@ CASES = [
             "a Pattern, not a function, named WHITESPACE",
             "function(train: bool) -> (inputs, labels)",
         ),
-        (("submit",),),
+        SUBMIT_ONLY,
     ),
     Case(
         "model factory of the wrong signature",
         ("model.name=os:getcwd",),
         ("model.name=os:getcwd cannot be called so", "function(sample_shape"),
-        (("submit",),),
+        SUBMIT_ONLY,
     ),
     Case("missing config", ("--config", "{tmp}/missing.yaml"), ("missing.yaml does not exist",)),
     Case(
