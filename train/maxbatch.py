@@ -47,6 +47,7 @@ TOLERANCE = 0.05
 CEILING = 1 << 24  # a global batch of 16 M samples: past this the search stops, whatever fits
 STEPS_PER_TRIAL = 2  # DDP rebuilds its buckets after the first step; momentum exists after it
 POLL_S = 0.05  # how often a job process looks at its worker and the store while it waits
+GRACE_S = 0.2  # how long it waits for its own worker's end once another rank has failed
 
 # A trial's outcome on one rank, worst last: the agreed outcome is the worst of all ranks'.
 FITS, ENDED, OOM, ERROR = "fits", "ended", "oom", "error"  # ENDED: another rank's worker failed
@@ -158,24 +159,32 @@ class Trials:
         self.worker = self.conn = None
 
     def _answer(self) -> tuple[str, str]:
-        """This rank's outcome: its worker's answer, or that another rank's worker failed."""
-        assert self.worker is not None and self.conn is not None
+        """This rank's outcome: its worker's answer or end, or that another rank's worker failed."""
         deadline = time.monotonic() + self.timeout_s
         while True:
-            if self.conn.poll(POLL_S):
-                with contextlib.suppress(EOFError):
-                    outcome, detail = self.conn.recv()
-                    return outcome, detail
-                self.worker.join(1)  # the worker closed its end: it is ending
+            if (own := self._own(POLL_S)) is not None:
+                return own
             if self.store is not None and self.store.check([self._key("failed")]):
-                return ENDED, ""
-            if not self.worker.is_alive():
-                return ERROR, _ended(self.worker.exitcode)
+                # The other rank's failure may follow from ours (our worker was killed and broke
+                # its collectives), so our worker's end, already visible then, comes first.
+                return self._own(GRACE_S) or (ENDED, "")
             if time.monotonic() > deadline:
                 return ERROR, (
                     f"no answer from the worker in dist.timeout_s={self.timeout_s} s (a hang, or "
                     "steps slower than that: raise dist.timeout_s)"
                 )
+
+    def _own(self, wait_s: float) -> tuple[str, str] | None:
+        """The worker's answer, or that it ended without one, if either comes within wait_s."""
+        assert self.worker is not None and self.conn is not None
+        if self.conn.poll(wait_s):
+            with contextlib.suppress(EOFError):
+                outcome, detail = self.conn.recv()
+                return outcome, detail
+            self.worker.join(1)  # the worker closed its end: it is ending
+        if not self.worker.is_alive():
+            return ERROR, _ended(self.worker.exitcode)
+        return None
 
     def _agree(self, outcome: str, detail: str) -> tuple[str, list[str]]:
         """The worst outcome of all ranks, and what the failing ones said."""
