@@ -321,6 +321,7 @@ def _largest_batch_row(
     if not summary or not starts:
         return None
     largest = summary[-1].get("largest_global_batch")
+    searched = bool(summary[-1].get("trials"))  # on CPU nothing is searched: not measured
     return {
         "run_id": run_id,
         "run_dir": str(run_dir),
@@ -333,7 +334,7 @@ def _largest_batch_row(
         "gpus_per_node": cfg.cluster.gpus_per_node,
         "device_name": starts[0]["device_name"],
         "gpus": sum(int(s.get("gpu_count") or 0) for s in starts),
-        "largest_batch": float(largest) if largest else NOT_MEASURED,
+        "largest_batch": float(largest or 0) if searched else NOT_MEASURED,  # 0: none fits
     }
 
 

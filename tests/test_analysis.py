@@ -116,6 +116,34 @@ def test_repeats_of_one_setting_give_the_median_and_their_count(
     assert float(table[LABELS["epoch_s"]][0]) == pytest.approx(expected, abs=0.006)
 
 
+def _searched(run_dir: Path, largest: int | None, trials: list[tuple[int, bool]]) -> None:
+    """Make a CPU largest-batch run read as a GPU search that made these trials."""
+    path = run_dir / "metrics" / "rank-00000.jsonl"
+    found = {
+        "largest_global_batch": largest,
+        "trials": [{"global_batch": b, "fits": ok} for b, ok in trials],
+    }
+    edited = [r | found if r["kind"] == "summary" else r for r in records(run_dir)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in edited))
+
+
+def test_the_largest_batch_row_tells_none_fits_from_not_measured(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Beside the training runs: DP's search found that nothing fits (0), DDP's found 4096; a
+    search on CPU measures nothing (n/m)."""
+    dp, ddp = (_submit(tmp_path, "--mode", m, "task=largest_batch") for m in ("dp", "ddp"))
+    _, out, _ = _summarize(runs["dp"], runs["ddp"], dp, ddp)
+    (table,) = _tables(out).values()
+    assert table[LABELS["largest_batch"]] == ["n/m"] * 3
+    _searched(dp, None, [(512, False)])
+    _searched(ddp, 4096, [(512, True), (1024, True), (2048, True), (4096, True), (8192, False)])
+    code, out, err = _summarize(runs["dp"], runs["ddp"], dp, ddp)
+    assert code == 0, err
+    (table,) = _tables(out).values()
+    assert table[LABELS["largest_batch"]] == ["0", "4096", "–"]
+
+
 def test_csv_and_json_carry_every_figure_as_numbers(runs: dict[str, Path]) -> None:
     _, csv_out, _ = _summarize(runs["dp"], runs["ddp"], "--format", "csv")
     _, json_out, _ = _summarize(runs["dp"], runs["ddp"], "--format", "json")
