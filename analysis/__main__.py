@@ -94,15 +94,17 @@ def _summarize(args: argparse.Namespace) -> int:
         raise UsageError(f"--plot {args.plot}: end the name in {' or '.join(PLOT_SUFFIXES)}")
     run_dirs = resolve_run_dirs(args.run_dirs, args.root)
     runs, notes = load_runs(run_dirs, parallel=True)  # this module runs nothing on import
-    for note in notes:  # warnings and skipped runs: on stderr, so stdout stays a clean table
+    groups, alone = group_runs(runs)
+    # Warnings, skipped runs, largest-batch runs in no table: on stderr, stdout stays a clean table.
+    for note in [*notes, *alone]:
         print(note, file=sys.stderr)
-    if runs.empty:
+    if not groups:
         print(
-            f"error: none of the {len(run_dirs)} run(s) has finished yet: nothing to summarize",
+            f"error: no training run among the {len(run_dirs)} run(s) has finished yet: "
+            "nothing to summarize",
             file=sys.stderr,
         )
         return 1
-    groups = group_runs(runs)
     print(FORMATS[args.format](groups), end="")
     if args.plot:
         _plot(groups, args.plot)

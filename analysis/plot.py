@@ -29,7 +29,12 @@ def _epoch_times(ax: Axes, group: Group) -> None:
         colour = COLOURS.get(mode, OTHER)
         ax.plot(range(1, len(seconds) + 1), seconds, marker="o", color=colour, label=label)
     ax.set(title="time per epoch", xlabel="epoch", ylabel="seconds (slowest rank)")
-    ax.set_ylim(0, 1.15 * max(max(s) for s in train["epoch_seconds"]))  # room for a legend
+    # NaN (a split epoch has no one time) is drawn as a gap and left out of the limits.
+    known = [v for seconds in train["epoch_seconds"] for v in seconds if math.isfinite(v)]
+    if known:
+        ax.set_ylim(0, 1.15 * max(known))  # room for a legend
+    else:
+        ax.text(0.5, 0.5, NM, ha="center", va="center", transform=ax.transAxes)
     ax.xaxis.get_major_locator().set_params(integer=True)  # type: ignore[call-arg]
     ax.legend(loc="lower right")  # the lines sit high: epoch times start at 0
 

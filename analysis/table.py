@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -55,20 +55,29 @@ class Group:
         return self.runs.loc[chosen, "run_id"].tolist()
 
 
-def group_runs(runs: pd.DataFrame) -> list[Group]:
-    """Groups of training runs in the order of their first run (run ids start with the UTC time).
+def group_runs(runs: pd.DataFrame) -> tuple[list[Group], list[str]]:
+    """Groups of training runs in the order of their first run (run ids start with the UTC time),
+    and a note per largest-batch run that joins none.
 
     Largest-batch runs carry no epochs: each joins the groups whose training runs share its mode,
     model, precision, shape and hardware.
     """
     import pandas as pd
 
+    if runs.empty:
+        return [], []
     keys = [*SETTINGS, *HARDWARE]
     train = runs[runs["task"] == "train"].sort_values("run_id")
     largest = runs[runs["task"] == "largest_batch"]
     groups = []
-    for number, (key, frame) in enumerate(train.groupby(keys, sort=False, dropna=False), start=1):
+    joined: set[str] = set()
+    # No training run: no setting columns to group by (a largest-batch row has none of them).
+    grouped: Iterable[tuple[Any, pd.DataFrame]] = (
+        train.groupby(keys, sort=False, dropna=False) if not train.empty else []
+    )
+    for number, (key, frame) in enumerate(grouped, start=1):
         matched = _matching_largest(frame, largest)
+        joined.update(matched["run_id"])
         groups.append(
             Group(
                 number,
@@ -77,7 +86,18 @@ def group_runs(runs: pd.DataFrame) -> list[Group]:
                 _medians(frame, matched),
             )
         )
-    return groups
+    alone = largest[~largest["run_id"].isin(joined)]
+    return groups, [_alone_note(run["run_id"], run["largest_batch"]) for _, run in alone.iterrows()]
+
+
+def _alone_note(run_id: str, best: float) -> str:
+    """Why a largest-batch run is in no table, and its figure, which is shown nowhere else."""
+    found = "not measured (no GPU)" if math.isnan(best) else f"{best:.0f}"
+    return (
+        f"note {run_id}: a largest-batch run is shown beside training runs of the same strategy, "
+        f"model, precision and GPUs; none here (largest global batch: "
+        f"{found}{', none fits' if best == 0 else ''})"
+    )
 
 
 def _matching_largest(train: pd.DataFrame, largest: pd.DataFrame) -> pd.DataFrame:

@@ -37,6 +37,18 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
+@pytest.fixture(scope="module")
+def largest(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A DP and a DDP largest-batch run (on CPU: nothing searched), apart from `runs`' root.
+    A test that edits one edits a copy (`_copy`)."""
+    tmp = tmp_path_factory.mktemp("largest")
+    return {m: _submit(tmp, "--mode", m, "task=largest_batch") for m in ("dp", "ddp")}
+
+
+def _copy(run_dir: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(run_dir, tmp_path / run_dir.name))
+
+
 def _summarize(*args: str | Path, cwd: Path | None = None) -> tuple[int, str, str]:
     done = kit("analysis", "summarize", *map(str, args), cwd=cwd)
     return done.returncode, done.stdout, done.stderr
@@ -128,11 +140,11 @@ def _searched(run_dir: Path, largest: int | None, trials: list[tuple[int, bool]]
 
 
 def test_the_largest_batch_row_tells_none_fits_from_not_measured(
-    runs: dict[str, Path], tmp_path: Path
+    runs: dict[str, Path], largest: dict[str, Path], tmp_path: Path
 ) -> None:
     """Beside the training runs: DP's search found that nothing fits (0), DDP's found 4096; a
     search on CPU measures nothing (n/m)."""
-    dp, ddp = (_submit(tmp_path, "--mode", m, "task=largest_batch") for m in ("dp", "ddp"))
+    dp, ddp = (_copy(largest[m], tmp_path) for m in ("dp", "ddp"))
     _, out, _ = _summarize(runs["dp"], runs["ddp"], dp, ddp)
     (table,) = _tables(out).values()
     assert table[LABELS["largest_batch"]] == ["n/m"] * 3
@@ -142,6 +154,33 @@ def test_the_largest_batch_row_tells_none_fits_from_not_measured(
     assert code == 0, err
     (table,) = _tables(out).values()
     assert table[LABELS["largest_batch"]] == ["0", "4096", "–"]
+
+
+ALONE = (
+    "note {}: a largest-batch run is shown beside training runs of the same strategy, model, "
+    "precision and GPUs; none here (largest global batch: {})"
+)
+
+
+def test_a_largest_batch_run_without_its_training_runs_is_a_note(
+    runs: dict[str, Path], largest: dict[str, Path], tmp_path: Path
+) -> None:
+    """Alone, it leaves nothing to summarize; beside training runs of another strategy it joins no
+    table. Either way stderr says so, with its figure, and never with a traceback."""
+    alone = largest["ddp"]
+    code, out, err = _summarize(alone)
+    assert code == 1 and out == "" and "Traceback" not in err
+    assert err.splitlines() == [
+        ALONE.format(alone.name, "not measured (no GPU)"),
+        "error: no training run among the 1 run(s) has finished yet: nothing to summarize",
+    ]
+    for found, text in ((None, "0, none fits"), (4096, "4096")):
+        searched = _copy(alone, tmp_path / str(found))
+        _searched(searched, found, [(512, found is not None), (8192, False)])
+        code, out, err = _summarize(runs["dp-256"], searched)  # DP only: DDP's run joins no table
+        assert code == 0, err
+        assert len(_tables(out)) == 1 and searched.name not in out
+        assert err.splitlines() == [ALONE.format(searched.name, text)]
 
 
 def test_csv_and_json_carry_every_figure_as_numbers(runs: dict[str, Path]) -> None:
@@ -200,6 +239,29 @@ def test_plot_writes_a_png(runs: dict[str, Path], tmp_path: Path) -> None:
     code, _, err = _summarize("--root", runs["dp"].parent, "--plot", image)
     assert code == 0, err
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.stat().st_size > 20_000
+
+
+@pytest.mark.parametrize("split", [(1,), (1, 2)], ids=["first-epoch", "every-epoch"])
+def test_plot_leaves_out_epochs_without_one_time(
+    runs: dict[str, Path], tmp_path: Path, split: tuple[int, ...]
+) -> None:
+    """An epoch split across attempts of a requeued job records no time ("seconds": null): its
+    figure is n/m, drawn as a gap; with no epoch time at all (nor throughput) the plot still
+    writes."""
+    resumed = _copy(runs["dp"], tmp_path)
+    path = resumed / "metrics" / "rank-00000.jsonl"
+    split_epoch = {"seconds": None, "samples_per_s": None, "resumed_at_batch": 3}
+    edited = [
+        r | split_epoch if r["kind"] == "epoch" and r["epoch"] in split else r
+        for r in records(resumed)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in edited))
+    image = tmp_path / "comparison.png"
+    code, out, err = _summarize(resumed, "--plot", image)
+    assert code == 0 and "Traceback" not in err, err
+    (table,) = _tables(out).values()
+    assert table[LABELS["first_epoch_s"]][0] == "n/m"
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize(
