@@ -233,7 +233,7 @@ def _work(spec: Spec, prefix: str, batch: int, conn: Connection) -> None:
         answer = (FITS, "")
     except BaseException as err:  # every failure is an answer: the job process decides
         answer = (OOM if out_of_memory(err) else ERROR, _describe(err))
-    with contextlib.suppress(OSError):  # the job process may be gone
+    with contextlib.suppress(OSError, EOFError):  # the job process may be gone
         conn.send(answer)
         conn.recv()
 
