@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from kit import REPO
 
 from train import runfolder
 from train.config import load_config
@@ -32,9 +36,55 @@ def test_a_failed_create_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monk
         raise OSError("disk full")
 
     monkeypatch.setattr(runfolder, "_meta", broken)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(
+        runfolder.RunFolderError, match=r"could not write .*: disk full; free space"
+    ):
         runfolder.create(cfg, launcher="launch", backend="local", command=[])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_at_submit_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    """Files past 200 bytes fail to write (EFBIG, as ENOSPC would): the folders made for the run,
+    down from output.root's first missing parent, go again."""
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))
+
+    root = tmp_path / "new" / "runs"
+    done = subprocess.run(
+        [sys.executable, "-m", "launch", "submit", "--mode", "ddp", f"output.root={root}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        preexec_fn=small_files,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: could not write a run")
+    assert "point output.root at another folder" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_line_cut_by_a_kill_stays_apart_from_the_next_attempt(tmp_path: Path) -> None:
+    writer = runfolder.RecordWriter(tmp_path, rank=0)
+    writer.write("start", attempt=1)
+    with writer.path.open("a") as f:
+        f.write('{"schema": 1, "kind": "ep')  # the job was killed mid-write
+    runfolder.RecordWriter(tmp_path, rank=0).write("start", attempt=2)
+    records, problems = runfolder.read_records(writer.path)
+    assert [r["attempt"] for r in records] == [1, 2]
+    assert len(problems) == 1 and f"{writer.path}:2:" in problems[0]
+
+
+def test_bytes_that_are_not_text_spoil_their_line_only(tmp_path: Path) -> None:
+    writer = runfolder.RecordWriter(tmp_path, rank=0)
+    writer.write("start")
+    with writer.path.open("ab") as f:
+        f.write(b"\xff\xfe\x00garbage\n")
+    writer.write("epoch", epoch=1)
+    records, problems = runfolder.read_records(writer.path)
+    assert [r["kind"] for r in records] == ["start", "epoch"]
+    assert len(problems) == 1 and f"{writer.path}:2:" in problems[0]
 
 
 def test_settings_read_back_fast_equal_the_validated_config(tmp_path: Path) -> None:

@@ -48,7 +48,7 @@ class RunFolderError(KitError):
 
 def check_root(root: str | Path) -> Path:
     """The output root, absolute, after checking a run folder can be made there (nothing made)."""
-    path = Path(root).expanduser().resolve()
+    path = expand("output.root", root)
     existing = next(p for p in [path, *path.parents] if p.exists())
     if not existing.is_dir():
         raise RunFolderError(
@@ -66,6 +66,17 @@ def check_root(root: str | Path) -> Path:
             "rewrite (a space, %, quotes, $ …): use letters, digits and @+=:,./_- only"
         )
     return path
+
+
+def expand(key: str, value: str | Path) -> Path:
+    """The setting's path, absolute, with ~ and ~user expanded."""
+    try:
+        return Path(value).expanduser().resolve()
+    except RuntimeError:  # ~user of a user this machine does not know
+        raise RunFolderError(
+            f"{key}={value}: {str(value).split('/')[0]} names no user on this machine; write the "
+            "path in full"
+        ) from None
 
 
 def _can_make_folder_in(folder: Path) -> bool:
@@ -94,15 +105,26 @@ def create(cfg: Config, launcher: str, backend: str, command: list[str]) -> Path
     """
     root = check_root(cfg.output.root)
     cfg.output.root = str(root)
-    cfg.data.root = str(Path(cfg.data.root).expanduser().resolve())  # the job may start elsewhere
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+    cfg.data.root = str(expand("data.root", cfg.data.root))  # the job may start elsewhere
+    made = [p for p in [root, *root.parents] if not p.exists()]  # deepest first
+    staging = None
     try:
+        root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
         (staging / CONFIG).write_text(to_yaml(cfg))
         (staging / LOGS).mkdir()
         return _publish(staging, cfg, launcher, backend, command)
-    except BaseException:
-        _remove_tree(staging)
+    except BaseException as err:
+        if staging is not None:
+            _remove_tree(staging)
+        for folder in made:  # the folders made for it, if left empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if isinstance(err, OSError):  # a full disk, a quota, a read-only mount
+            raise RunFolderError(
+                f"could not write a run folder in output.root={root}: {err.strerror or err}; "
+                "free space there or point output.root at another folder"
+            ) from None
         raise
 
 
@@ -313,6 +335,17 @@ class RecordWriter:
         self.rank = rank
         self.path = metrics_path(run_dir, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._end_cut_line()
+
+    def _end_cut_line(self) -> None:
+        """A job killed mid-write leaves a line without its newline: end it, so this attempt's
+        first record is not glued to it (the reader then skips the cut line alone)."""
+        with contextlib.suppress(OSError), self.path.open("rb+") as f:  # no file: nothing cut
+            if f.seek(0, os.SEEK_END) == 0:
+                return
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
 
     def write(self, kind: str, **fields: Any) -> dict[str, Any]:
         assert kind in KINDS, kind
@@ -324,7 +357,7 @@ class RecordWriter:
 
 def read_records(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """Every whole record of one file, and a warning per line that could not be used."""
-    text = _read_bytes(path).decode()
+    text = _read_bytes(path).decode(errors="replace")  # a bad byte spoils its line, not the file
     try:  # one parse for the whole file: the common case, and the fast one
         parsed = json.loads("[" + ",".join(text.splitlines()) + "]")
         if all(isinstance(r, dict) and r.get("schema") == SCHEMA and "kind" in r for r in parsed):
