@@ -12,8 +12,12 @@ from kit import SMALL, kit, records, run_folder
 from train.data import load_split
 from train.model import ConvNet
 
+# torchrun's variables left over in a user's shell: every local job inherits them, and must not
+# take its ranks from them.
+STRAY = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}
 
-def _submit(tmp: Path, *args: str) -> tuple[Path, str]:
+
+def _submit(tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[Path, str]:
     done = kit(
         "launch",
         "submit",
@@ -23,6 +27,7 @@ def _submit(tmp: Path, *args: str) -> tuple[Path, str]:
         f"output.root={tmp}/runs",
         f"data.root={tmp}/data",
         "--wait",
+        env=env,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return run_folder(done.stdout), done.stdout
@@ -33,7 +38,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]
     tmp = tmp_path_factory.mktemp("local")
     return {
         "dp": _submit(tmp, "--mode", "dp"),
-        "ddp": _submit(tmp, "--mode", "ddp", "cluster.gpus_per_node=2"),
+        "ddp": _submit(tmp, "--mode", "ddp", "cluster.gpus_per_node=2", env=STRAY),
         "ddp-accum": _submit(
             tmp,
             "--mode",

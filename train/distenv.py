@@ -129,12 +129,16 @@ def tasks_on_node(tasks_per_node: str, node_rank: int) -> int:
 
 
 def _which_source(env: Mapping[str, str]) -> str:
-    if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "MASTER_ADDR" in env):
+    """The launcher that started this process. RANK and MASTER_ADDR alone (env://, set by hand)
+    count last: left over in a user's shell, they reach every job that inherits it."""
+    if "TORCHELASTIC_RUN_ID" in env:
         return "torchrun"
     if "SUBMITIT_EXECUTOR" in env:
         return "submitit"
     if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
         return "slurm"
+    if "RANK" in env and "MASTER_ADDR" in env:
+        return "torchrun"
     return "single"
 
 
