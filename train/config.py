@@ -308,6 +308,7 @@ def validate(cfg: Config) -> None:
             "cluster.backend=slurm (or --nodes 1)"
         )
     _check_sbatch_extra(c.sbatch_extra)
+    _check_setup(c.setup)
     _check_workload(cfg)
     _check_batch_split(cfg)
     _check_speed_options(cfg)
@@ -466,12 +467,61 @@ def _check_range(key: str, value: int, low: int, high: int | None) -> None:
         raise ConfigError(f"{key}={value} must be {allowed}")
 
 
-def _check_sbatch_extra(extra: dict[str, str]) -> None:
+# #SBATCH options the kit writes itself, and the setting that chooses each.
+_SBATCH_OWNED = {
+    "nodes": "cluster.nodes",
+    "N": "cluster.nodes",
+    "ntasks-per-node": "--mode (DP: 1 task; else one per GPU) and cluster.gpus_per_node",
+    "ntasks": "--mode and cluster.gpus_per_node",
+    "gpus-per-node": "cluster.gpus_per_node",
+    "gres": "cluster.gpus_per_node",
+    "cpus-per-task": "cluster.cpus_per_task",
+    "c": "cluster.cpus_per_task",
+    "mem": "cluster.mem_gb",
+    "time": "cluster.timeout_min",
+    "t": "cluster.timeout_min",
+    "partition": "cluster.partition",
+    "p": "cluster.partition",
+    "account": "cluster.account",
+    "A": "cluster.account",
+    "qos": "cluster.qos",
+    "constraint": "cluster.constraint",
+    "C": "cluster.constraint",
+    "exclusive": "cluster.exclusive",
+    "signal": "cluster.signal_delay_s",
+    "output": "output.root (the kit names the logs)",
+    "error": "output.root (the kit names the logs)",
+    "job-name": "output.name",
+    "requeue": "cluster.max_requeues",
+}
+
+
+def _check_sbatch_extra(extra: dict[str, Any]) -> None:
     for key, value in extra.items():
-        if not _SBATCH_KEY.fullmatch(key) or "\n" in str(value) or not str(value).strip():
+        if key in _SBATCH_OWNED:
+            raise ConfigError(
+                f"cluster.sbatch_extra sets {key}, which the kit writes itself from "
+                f"{_SBATCH_OWNED[key]}: set that instead, and drop {key} from cluster.sbatch_extra"
+            )
+        scalar = isinstance(value, str | int | float | bool)
+        if (
+            not scalar
+            or not _SBATCH_KEY.fullmatch(key)
+            or "\n" in str(value)
+            or not str(value).strip()
+        ):
             raise ConfigError(
                 f"cluster.sbatch_extra has {key}={value!r}: keys are sbatch option names without "
                 "dashes (e.g. mail-type) and values one non-empty line, e.g. 'cluster.sbatch_extra={mail-type: END}'"
+            )
+
+
+def _check_setup(lines: list[Any]) -> None:
+    for line in lines:
+        if not isinstance(line, str) or "\n" in line:
+            raise ConfigError(
+                f"cluster.setup holds {line!r}: it is a list of shell lines, each one string, "
+                "e.g. 'cluster.setup=[\"module load cuda\"]'"
             )
 
 
