@@ -193,3 +193,19 @@ def test_the_rank_that_failed_first_is_named(
         runfolder.RecordWriter(run_dir, rank).write("error", host=f"node{rank}", error=error)
     first = runfolder.first_failure(run_dir)
     assert first is not None and first["rank"] == named and words in first["error"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_damaged_saved_state_is_one_line_naming_the_file(tmp_path: Path, damage: str) -> None:
+    import torch
+
+    from train import resume
+
+    cfg = load_config(overrides=[f"output.root={tmp_path}"])
+    path = runfolder.state_path(tmp_path)
+    path.parent.mkdir(parents=True)
+    torch.save({"config_sha256": resume.config_hash(cfg), "ranks": [{}]}, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"\x00garbage" * 99)
+    with pytest.raises(runfolder.RunFolderError, match=r"cannot be read .* start a new run"):
+        resume.load(tmp_path, cfg, rank=0, world_size=1)

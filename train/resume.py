@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import pickle
 import random
 import signal
 import subprocess
@@ -190,7 +191,14 @@ def load(run_dir: Path, cfg: Config, rank: int, world_size: int) -> dict[str, An
     path = runfolder.state_path(run_dir)
     if not path.is_file():
         return None
-    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as err:
+        raise runfolder.RunFolderError(
+            f"{path} cannot be read ({str(err).splitlines()[0][:200]}): it was damaged after it was "
+            "saved (the kit writes it whole or not at all), so the run cannot resume; start a new "
+            "run"
+        ) from None
     if state.get("config_sha256") != config_hash(cfg):
         raise runfolder.RunFolderError(
             f"{path} was saved with other settings than {run_dir / runfolder.CONFIG}: a run "
