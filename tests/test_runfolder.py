@@ -209,3 +209,15 @@ def test_a_damaged_saved_state_is_one_line_naming_the_file(tmp_path: Path, damag
     path.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"\x00garbage" * 99)
     with pytest.raises(runfolder.RunFolderError, match=r"cannot be read .* start a new run"):
         resume.load(tmp_path, cfg, rank=0, world_size=1)
+
+
+def test_a_run_made_by_sbatch_then_resumed_shows_both_jobs_logs(tmp_path: Path) -> None:
+    cfg = load_config(overrides=[f"output.root={tmp_path}"])
+    run_dir = runfolder.create(cfg, launcher="sbatch", backend="slurm", command=[])
+    first = Path(runfolder.sbatch_log_pattern(run_dir).replace("%t", "0"))
+    resumed = [runfolder.logs_dir(run_dir) / f"7_0_log.{end}" for end in ("out", "err")]
+    for path in (first, *resumed):
+        path.write_text("a line\n")
+    runfolder.update_meta(run_dir, job_id="7", logs=[[str(p) for p in resumed]])
+    assert runfolder.log_files(run_dir, 0) == [first, *resumed]
+    assert runfolder.log_files(run_dir, 1) == []

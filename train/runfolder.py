@@ -495,15 +495,15 @@ def sbatch_log_pattern(run_dir: Path) -> str:
 
 
 def log_files(run_dir: Path, rank: int) -> list[Path]:
-    """The files holding one rank's stdout and stderr, as the launcher recorded them."""
+    """The files holding one rank's stdout and stderr, oldest first: an sbatch script's, then
+    those `launch submit` or `launch resume` recorded (a run made by sbatch may be resumed so)."""
     meta = read_meta(run_dir)
     recorded = meta.get("logs") or []
+    paths = []
     if meta.get("launcher") == "sbatch":
-        paths = [Path(sbatch_log_pattern(run_dir).replace("%t", str(rank)))]
-    elif 0 <= rank < len(recorded):
-        paths = [Path(p) for p in recorded[rank]]
-    else:
-        paths = []
+        paths.append(Path(sbatch_log_pattern(run_dir).replace("%t", str(rank))))
+    if 0 <= rank < len(recorded):
+        paths += [Path(p) for p in recorded[rank]]
     return [p for p in paths if p.is_file()]
 
 
