@@ -579,7 +579,11 @@ def _builders(schema: type) -> dict[str, Callable[[Any], Any]]:
 def _read_yaml(path: Path) -> DictConfig:
     from omegaconf import DictConfig, OmegaConf
 
-    if not path.is_file():
+    if path.is_dir():
+        raise ConfigError(
+            f"config file {path} is a folder: name a YAML file, e.g. docs/examples/two-nodes.yaml"
+        )
+    if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
     try:
         loaded = OmegaConf.load(path)
