@@ -7,6 +7,7 @@ import itertools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from train import runfolder
 from train.config import Config, ConfigError, Mode, load_config, to_yaml
@@ -132,7 +133,7 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from launch.submit import dry_run, follow, submit
+    from launch.submit import dry_run, submit
 
     cfg = _resolve(args)
     if args.dry_run:
@@ -142,8 +143,19 @@ def _submit(args: argparse.Namespace) -> int:
     print(f"submitted job {job.job_id}")
     print(f"run folder: {run_dir}", flush=True)
     if args.wait:
-        return 0 if follow(job, run_dir, quiet=args.quiet) else 1
+        return _follow(job, run_dir, quiet=args.quiet)
     return 0
+
+
+def _follow(job: Any, run_dir: Path, quiet: bool) -> int:
+    """`--wait`: 0 if the job succeeded, 1 if it failed, 130 on Ctrl-C (said in one line)."""
+    from launch.submit import EXIT_INTERRUPTED, follow, interrupted
+
+    try:
+        return 0 if follow(job, run_dir, quiet=quiet) else 1
+    except KeyboardInterrupt:
+        print(interrupted(job, run_dir), file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -151,14 +163,48 @@ def _sweep(args: argparse.Namespace) -> int:
 
     if args.parallel is not None and args.parallel < 1:
         raise ConfigError(f"--parallel {args.parallel}: give at least 1")
-    cfgs = [
-        _resolve(args, f"mode={mode}", *point)
-        for mode in args.modes.split(",")
-        for point in grid(args.grid)
-    ]
-    for run_dir, job in sweep(cfgs, command=_command(), parallel=args.parallel):
-        print(f"submitted job {job.job_id}  run folder: {run_dir}", flush=True)
+    modes = _sweep_modes(args)
+    cfgs = [_resolve(args, f"mode={mode}", *point) for mode in modes for point in grid(args.grid)]
+    submitted: list[tuple[Path, Any]] = []
+    try:
+        for run_dir, job in sweep(cfgs, command=_command(), parallel=args.parallel):
+            submitted.append((run_dir, job))
+            print(f"submitted job {job.job_id}  run folder: {run_dir}", flush=True)
+    except KeyboardInterrupt:  # locally the sweep waits for its runs: Ctrl-C ends it cleanly
+        from launch.submit import EXIT_INTERRUPTED, interrupted
+
+        for run_dir, job in submitted:
+            if not job.done():
+                print(interrupted(job, run_dir), file=sys.stderr, flush=True)
+        if len(submitted) < len(cfgs):
+            print(
+                f"interrupted: {len(cfgs) - len(submitted)} of the sweep's {len(cfgs)} runs "
+                "were not submitted",
+                file=sys.stderr,
+            )
+        return EXIT_INTERRUPTED
     return 0
+
+
+def _sweep_modes(args: argparse.Namespace) -> list[str]:
+    """The modes of a sweep come from --modes alone: another mode given (--mode, mode=…, a
+    --grid over mode) would override each of them and make identical runs, so it is refused."""
+    modes = args.modes.split(",")
+    given = [f"--mode {args.mode}"] * (args.mode is not None) + [
+        item for item in [*args.overrides, *args.grid] if item.partition("=")[0].strip() == "mode"
+    ]
+    if given:
+        wanted = args.mode or given[0].partition("=")[2] or "zero"
+        raise ConfigError(
+            f"{given[0]} conflicts with --modes {args.modes}: a sweep's modes come from --modes "
+            f"alone, e.g. --modes {wanted}"
+        )
+    if len(set(modes)) < len(modes):
+        raise ConfigError(
+            f"--modes {args.modes} names a mode twice: give each once, e.g. "
+            f"--modes {','.join(dict.fromkeys(modes))}"
+        )
+    return modes
 
 
 def _command() -> list[str]:
@@ -197,13 +243,13 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from launch.submit import follow, resume
+    from launch.submit import resume
 
     job = resume(args.run)
     print(f"submitted job {job.job_id}")
     print(f"run folder: {args.run}", flush=True)
     if args.wait:
-        return 0 if follow(job, args.run, quiet=args.quiet) else 1
+        return _follow(job, args.run, quiet=args.quiet)
     return 0
 
 

@@ -81,12 +81,15 @@ def cancel(run_dir: Path) -> str:
     runfolder.update_meta(run_dir, cancel_requested=True)
     if meta.get("backend") == "slurm":
         return _cancel_slurm(run_dir, str(job_id))
+    ended = f"{run_dir.name}: local job {job_id} had already ended"
+    if not _local_job_alive(run_dir, meta):  # nor is its PID another process's to signal
+        return ended
     try:
         # SIGINT, as submitit's own cancel: the controller stops every task (its tasks ignore
         # a forwarded SIGTERM, which submitit reserves for preemption).
         os.kill(int(job_id), signal.SIGINT)
     except ProcessLookupError:
-        return f"{run_dir.name}: local job {job_id} had already ended"
+        return ended
     return f"{run_dir.name}: cancelled local job {job_id}"
 
 
@@ -104,7 +107,13 @@ def _cancel_slurm(run_dir: Path, job_id: str) -> str:
 def failure_line(run_dir: Path) -> str | None:
     """'RUN: rank R on HOST failed first: …' for a run whose ranks recorded an error."""
     first = runfolder.first_failure(run_dir)
-    return f"{run_dir.name}: {runfolder.failure_words(first)}" if first else None
+    if not first:
+        return None
+    if str(first.get("error", "")).startswith("KeyboardInterrupt") and runfolder.read_meta(
+        run_dir
+    ).get("cancel_requested"):
+        return None  # a Ctrl-C that reached the ranks with the launcher's cancel: no failure
+    return f"{run_dir.name}: {runfolder.failure_words(first)}"
 
 
 def log_files(run_dir: Path, rank: int | None) -> list[Path]:
@@ -162,7 +171,7 @@ def _folder_state(
     elapsed = _clock(summary["total_seconds"]) if summary else "-"
     host = str(start["host"]) if start else "-"
     stop = next(reversed(runfolder.of_kind(records, "stop")), None)  # the last attempt's
-    alive = meta.get("backend") == "local" and _alive(str(meta.get("job_id")))
+    alive = meta.get("backend") == "local" and _local_job_alive(run_dir, meta)
     if summary:
         state = "COMPLETED"
     elif meta.get("cancel_requested") and not alive:
@@ -172,7 +181,7 @@ def _folder_state(
     elif stop and not alive:
         state = _stopped_state(stop)
     elif meta.get("backend") == "local":
-        state = "RUNNING" if _alive(str(meta.get("job_id"))) else "ENDED-WITHOUT-SUMMARY"
+        state = "RUNNING" if alive else "ENDED-WITHOUT-SUMMARY"
     else:
         state = "UNKNOWN"  # Slurm did not answer and the run folder holds no summary
     return state, elapsed, host
@@ -186,6 +195,36 @@ def _stopped_state(stop: dict[str, Any]) -> str:
     if "requeues_used" in stop and str(stop.get("reason", "")).startswith("time limit"):
         return "TIMEOUT"
     return "STOPPED"
+
+
+def process_identity(pid: int) -> str | None:
+    """What tells a process from a later one given the same PID: the boot and the process's start
+    time (field 22 of /proc/PID/stat); None where /proc cannot tell (not Linux, or gone)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return f"{boot}:{stat.rsplit(')', 1)[1].split()[19]}"  # fields 3.. follow the ')'
+
+
+def _local_job_alive(run_dir: Path, meta: dict[str, Any]) -> bool:
+    """The local job's controller still runs: its PID is alive and is still that process (a PID
+    is reused once its process ends), judged by the identity recorded at submission; for a run
+    recorded before that, by its command line, which names the run's log folder."""
+    pid = str(meta.get("job_id"))
+    if not _alive(pid):
+        return False
+    recorded = meta.get("job_process")
+    if recorded:
+        return process_identity(int(pid)) == recorded
+    if not Path("/proc/self/cmdline").is_file():
+        return True  # no /proc here: the PID alone, as before
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    return "submitit" in command and run_dir.resolve().name in command
 
 
 def _alive(pid: str) -> bool:

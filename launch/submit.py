@@ -16,6 +16,7 @@ from typing import Any
 
 import submitit
 
+from launch.jobs import process_identity
 from train import factories, runfolder
 from train.config import (
     DATASETS,
@@ -85,10 +86,27 @@ def check_submission(cfg: Config, dry_run: bool = False) -> Backend:
             f"the local backend runs on one machine; cluster.nodes={cfg.cluster.nodes} needs Slurm"
         )
     runfolder.check_root(cfg.output.root)
+    _check_data(cfg)
     _check_factories(cfg)
     if backend == Backend.local:
         check_hardware(cfg, _local_gpus(), tasks_per_node(cfg))
     return backend
+
+
+def _check_data(cfg: Config) -> None:
+    """data.root must be a folder the job can read or make; a dataset the job cannot make
+    (real MNIST) must be there now. The embedded datasets are written by the job if missing."""
+    from train import data
+
+    root = runfolder.expand("data.root", cfg.data.root)
+    existing = next(p for p in [root, *root.parents] if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(
+            f"data.root={cfg.data.root}: {existing} is a file; point data.root at a folder, "
+            "e.g. data.root=data"
+        )
+    if cfg.data.dataset == "mnist":
+        data.verify(root, "mnist")
 
 
 def _check_factories(cfg: Config) -> None:
@@ -252,7 +270,13 @@ def _record_job(run_dir: Path, job: submitit.Job[Any]) -> None:
     logs = [[str(t.paths.stdout), str(t.paths.stderr)] for t in tasks]
     meta = runfolder.read_meta(run_dir)
     jobs = [*meta.get("jobs", []), str(job.job_id)]  # every job that ran in this folder
-    runfolder.update_meta(run_dir, job_id=str(job.job_id), logs=logs, jobs=jobs)
+    # A local job's id is its controller's PID: recorded with what tells that process from a
+    # later one given the same PID, so `status` and `cancel` never take a stranger for the job.
+    local = isinstance(job, submitit.LocalJob)
+    process = process_identity(int(job.job_id)) if local else None
+    runfolder.update_meta(
+        run_dir, job_id=str(job.job_id), logs=logs, jobs=jobs, job_process=process
+    )
 
 
 def resume(run_dir: Path) -> submitit.Job[Any]:
@@ -310,6 +334,39 @@ def follow(
         return False
     say(f"job {job.job_id} done: {_result_words(result)}")
     return True
+
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command ended by Ctrl-C
+
+
+def interrupted(job: submitit.Job[Any], run_dir: Path) -> str:
+    """After Ctrl-C while following a job: what became of it, in one line.
+
+    A local job runs in the terminal's process group, so the terminal's Ctrl-C reached its
+    controller and ranks as well: it is cancelled as `launch cancel` would (marked, so `status`
+    reads CANCELLED and names no failure; its checkpoints kept for `launch resume`), and waited
+    for. A SIGINT to this process alone, which cannot be told apart, ends the job the same way.
+    A Slurm job is not in this terminal: it goes on.
+    """
+    from launch.jobs import cancel
+
+    with contextlib.suppress(ValueError):  # a second Ctrl-C does not cut this short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not isinstance(job, submitit.LocalJob):
+        return (
+            f"stopped following; job {job.job_id} goes on: `python -m launch status {run_dir}`, "
+            f"`python -m launch cancel {run_dir}`"
+        )
+    if runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):
+        return f"interrupted: job {job.job_id} had already completed"
+    cancel(run_dir)
+    deadline = time.monotonic() + 30  # the controller ends its tasks within seconds
+    while not job.done() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return (
+        f"interrupted: cancelled local job {job.job_id}; continue it from its last checkpoint "
+        f"with `python -m launch resume {run_dir}`"
+    )
 
 
 def _result_words(result: dict[str, Any]) -> str:

@@ -74,6 +74,47 @@ CASES = [
         ("cluster.sbatch_extra=[1, 2] must be a mapping", "{mail-type: END}"),
     ),
     Case("setup=3", ("cluster.setup=3",), ("cluster.setup=3 must be a list",)),
+    Case(
+        "mnist missing",
+        ("data.dataset=mnist",),
+        ("train-images-idx3-ubyte is missing", "python -m train fetch-mnist --root"),
+        SUBMIT_ONLY,
+    ),
+    Case(
+        "data.root in a file",
+        ("data.root={tmp}/file/x",),
+        ("/file is a file; point data.root at a folder", "data.root=data"),
+        SUBMIT_ONLY,
+    ),
+    *[
+        Case(
+            f"{key} of no user",
+            (f"{key}=~nosuchuser/x",),
+            (f"{key}=~nosuchuser/x: ~nosuchuser names no user", "write the path in full"),
+            SUBMIT_ONLY,
+        )
+        for key in ("data.root", "output.root")
+    ],
+    Case(
+        "setup=[[1]]",
+        ("cluster.setup=[[1]]",),
+        ("cluster.setup holds [1]", "each one string", "module load cuda"),
+    ),
+    Case(
+        "sbatch_extra nested",
+        ("cluster.sbatch_extra={a: {b: c}}",),
+        ("cluster.sbatch_extra has a={'b': 'c'}", "values one non-empty line"),
+    ),
+    Case(
+        "sbatch_extra owned",
+        ("cluster.sbatch_extra={ntasks-per-node: 2}",),
+        ("sbatch_extra sets ntasks-per-node, which the kit writes itself", "cluster.gpus_per_node"),
+    ),
+    Case(
+        "sbatch_extra time",
+        ("cluster.sbatch_extra.time=10",),
+        ("sbatch_extra sets time", "cluster.timeout_min"),
+    ),
     Case("mode=xx", ("mode=xx",), ("mode='xx' is not valid; choose one of: dp, ddp",), mode=()),
     Case("--mode xx", (), ("argument --mode: invalid choice: 'xx'",), mode=("--mode", "xx")),
     Case(
@@ -288,6 +329,7 @@ CASES = [
         SUBMIT_ONLY,
     ),
     Case("missing config", ("--config", "{tmp}/missing.yaml"), ("missing.yaml does not exist",)),
+    Case("config folder", ("--config", "{tmp}/locked"), ("/locked is a folder: name a YAML file",)),
     Case(
         "invalid YAML",
         ("--config", "{tmp}/broken.yaml"),

@@ -1,0 +1,209 @@
+"""Ctrl-C at `launch submit --wait`, and a local job's id (its controller's PID) reused by another
+process: what a user sees, with real processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kit import REPO, SMALL, kit, run_folder
+
+from train import runfolder
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+LONG = [*(s for s in SMALL if not s.startswith("train.epochs=")), "train.epochs=200"]
+
+
+def _wait_for(what: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if what():
+            return True
+        time.sleep(0.2)
+    return what()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _status(run_dir: Path) -> tuple[str, list[str]]:
+    """(the STATE column, every line) of `launch status RUN`."""
+    done = kit("launch", "status", str(run_dir))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    header, row = lines[0].split(), lines[1].split()
+    return row[header.index("STATE")], lines
+
+
+def _meta(run_dir: Path) -> dict[str, object]:
+    return dict(json.loads((run_dir / "run.json").read_text()))
+
+
+def _edit_meta(run_dir: Path, **fields: object) -> None:
+    """Set fields of run.json (None removes one), replaced at once as the kit replaces it."""
+    meta = {**_meta(run_dir), **fields}
+    scratch = run_dir / "run.json.edit"
+    scratch.write_text(json.dumps({k: v for k, v in meta.items() if v is not None}))
+    scratch.replace(run_dir / "run.json")
+
+
+class Following:
+    """`launch submit … --wait` started as a terminal starts a foreground command: in a process
+    group of its own, which the job's controller and ranks join (the terminal's Ctrl-C goes to
+    the whole group)."""
+
+    def __init__(self, tmp: Path, *args: str) -> None:
+        self.out, self.err = tmp / "stdout", tmp / "stderr"
+        with self.out.open("w") as out, self.err.open("w") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "launch", "submit", *args, "--wait"],
+                cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+        assert _wait_for(lambda: "run folder: " in self.out.read_text(), 120), self.output()
+        self.run_dir = run_folder(self.out.read_text())
+        self.job_id = str(_meta(self.run_dir)["job_id"])
+        self.local = _meta(self.run_dir)["backend"] == "local"
+
+    def output(self) -> str:
+        return self.out.read_text() + self.err.read_text()
+
+    def pids(self) -> list[int]:
+        """The launcher, and for a local job its controller and ranks."""
+        if not self.local:
+            return [self.process.pid]
+        views = [
+            runfolder.read_rank(self.run_dir, rank) for rank in runfolder.rank_files(self.run_dir)
+        ]
+        ranks = [int(r["pid"]) for view in views for r in runfolder.of_kind(view, "start")]
+        return [self.process.pid, int(self.job_id), *ranks]
+
+    def stop(self) -> None:
+        """Leave nothing of the test's job running, whatever the test found."""
+        for pid in self.pids():
+            if _alive(pid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(10)
+
+
+@pytest.fixture(scope="module", params=["terminal", "launcher"])
+def interrupted(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Following, int]]:
+    """A local DDP run followed with --wait, interrupted after its first epoch: by the terminal's
+    Ctrl-C (SIGINT to the whole process group) or by SIGINT to the launcher alone. Yields (how,
+    the run, the launcher's exit status)."""
+    tmp = tmp_path_factory.mktemp(f"interrupt-{request.param}")
+    where = [f"output.root={tmp}/runs", f"data.root={tmp}/data"]
+    run = Following(tmp, "--mode", "ddp", "cluster.backend=local", "cluster.gpus_per_node=2", *LONG, *where)  # fmt: skip
+    try:
+        saved = runfolder.state_path(run.run_dir)
+        assert _wait_for(lambda: "epoch 1/200" in run.out.read_text() and saved.is_file(), 180)
+        assert _status(run.run_dir)[0] == "RUNNING"
+        if request.param == "launcher":
+            # A run recorded before the controller's identity was: known by its command line.
+            identity = _meta(run.run_dir)["job_process"]
+            _edit_meta(run.run_dir, job_process=None)
+            assert _status(run.run_dir)[0] == "RUNNING"
+            os.kill(run.process.pid, signal.SIGINT)
+        else:
+            os.killpg(run.process.pid, signal.SIGINT)
+        returncode = run.process.wait(60)
+        if request.param == "launcher":
+            _edit_meta(run.run_dir, job_process=identity)
+        yield request.param, run, returncode
+    finally:
+        run.stop()
+
+
+def test_ctrl_c_at_wait_cancels_the_local_job_in_one_line(
+    interrupted: tuple[str, Following, int],
+) -> None:
+    how, run, returncode = interrupted
+    assert returncode == 130, run.output()
+    assert "Traceback" not in run.output()
+    assert run.err.read_text().splitlines() == [
+        f"interrupted: cancelled local job {run.job_id}; continue it from its last checkpoint "
+        f"with `python -m launch resume {run.run_dir}`"
+    ]
+    # Cancelled as `launch cancel` would: no failure named, nothing left running.
+    state, lines = _status(run.run_dir)
+    assert state == "CANCELLED", lines
+    assert len(lines) == 2, lines  # the table alone: no "rank R failed first: KeyboardInterrupt"
+    assert _wait_for(lambda: not any(_alive(pid) for pid in run.pids()), 15), how
+    assert runfolder.state_path(run.run_dir).is_file()  # what `launch resume` goes on from
+
+
+@pytest.mark.parametrize("recorded", ["identity", "before-identity"])
+def test_a_reused_pid_is_not_the_job(
+    interrupted: tuple[str, Following, int], tmp_path: Path, recorded: str
+) -> None:
+    """The local job id is its controller's PID; once the controller has ended another process
+    may get it: `status` must not call the job RUNNING, `cancel` must not signal that process."""
+    _, run, _ = interrupted
+    run_dir = tmp_path / run.run_dir.name
+    shutil.copytree(run.run_dir, run_dir)
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        _edit_meta(run_dir, job_id=str(stranger.pid), cancel_requested=None)
+        if recorded == "before-identity":  # a run recorded before this kit kept the identity
+            _edit_meta(run_dir, job_process=None)
+        else:
+            assert _meta(run_dir)["job_process"]
+        state, lines = _status(run_dir)
+        assert state == "ENDED-WITHOUT-SUMMARY", lines
+        cancelled = kit("launch", "cancel", str(run_dir))
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert (
+            cancelled.stdout.strip()
+            == f"{run_dir.name}: local job {stranger.pid} had already ended"
+        )
+        time.sleep(0.5)
+        assert stranger.poll() is None  # the sleep lives on
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+@pytest.mark.slurm
+def test_ctrl_c_at_wait_leaves_a_slurm_job_running(tmp_path: Path) -> None:
+    """A Slurm job is not in the terminal's process group: Ctrl-C stops following, and says so."""
+    where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
+    shape = ["cluster.backend=slurm", "cluster.gpus_per_node=2", "cluster.cpus_per_task=1"]
+    run = Following(tmp_path, "--mode", "ddp", *shape, *LONG, "train.checkpoint=false", *where)
+    try:
+        assert _wait_for(lambda: _status(run.run_dir)[0] == "RUNNING", 120), run.output()
+        os.killpg(run.process.pid, signal.SIGINT)
+        assert run.process.wait(60) == 130, run.output()
+        assert "Traceback" not in run.output()
+        assert run.err.read_text().splitlines() == [
+            f"stopped following; job {run.job_id} goes on: `python -m launch status "
+            f"{run.run_dir}`, `python -m launch cancel {run.run_dir}`"
+        ]
+        time.sleep(2)
+        assert _status(run.run_dir)[0] == "RUNNING"
+    finally:
+        kit("launch", "cancel", str(run.run_dir))
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            run.process.wait(10)
+    assert _wait_for(lambda: _status(run.run_dir)[0] == "CANCELLED", 120)
