@@ -11,7 +11,7 @@ from typing import Any
 
 from train import runfolder
 from train.config import Config, ConfigError, Mode, load_config, to_yaml
-from train.errors import ArgumentParser, add_common_flags, run_cli
+from train.errors import EXIT_INTERRUPTED, ArgumentParser, add_common_flags, run_cli
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -149,7 +149,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 def _follow(job: Any, run_dir: Path, quiet: bool) -> int:
     """`--wait`: 0 if the job succeeded, 1 if it failed, 130 on Ctrl-C (said in one line)."""
-    from launch.submit import EXIT_INTERRUPTED, follow, interrupted
+    from launch.submit import follow, interrupted
 
     try:
         return 0 if follow(job, run_dir, quiet=quiet) else 1
@@ -171,7 +171,7 @@ def _sweep(args: argparse.Namespace) -> int:
             submitted.append((run_dir, job))
             print(f"submitted job {job.job_id}  run folder: {run_dir}", flush=True)
     except KeyboardInterrupt:  # locally the sweep waits for its runs: Ctrl-C ends it cleanly
-        from launch.submit import EXIT_INTERRUPTED, interrupted
+        from launch.submit import interrupted
 
         for run_dir, job in submitted:
             if not job.done():

@@ -336,9 +336,6 @@ def follow(
     return True
 
 
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command ended by Ctrl-C
-
-
 def interrupted(job: submitit.Job[Any], run_dir: Path) -> str:
     """After Ctrl-C while following a job: what became of it, in one line.
 

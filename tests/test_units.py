@@ -395,3 +395,15 @@ def test_largest_batch_result_in_words(
         "ceiling": CEILING,
     }
     assert _result_words(result).endswith(said)
+
+
+def test_ctrl_c_in_any_command_is_one_line_and_exit_130(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from train.errors import run_cli
+
+    def interrupted(args: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    assert run_cli(interrupted, argparse.Namespace()) == 130
+    assert capsys.readouterr().err == "interrupted\n"

@@ -14,6 +14,7 @@ from importlib import metadata
 from typing import NoReturn
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command ended by Ctrl-C
 DISTRIBUTION = "slurm-ddp-kit"
 
 
@@ -52,6 +53,9 @@ def run_cli(func: Callable[[argparse.Namespace], int], args: argparse.Namespace)
     except KitError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C: what was written stays; nothing to report but that
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
