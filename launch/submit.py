@@ -204,7 +204,11 @@ def submit(cfg: Config, command: list[str]) -> tuple[Path, submitit.Job[Any]]:
     """Check, create the run folder, then submit the training job into it."""
     backend = check_submission(cfg)
     run_dir = runfolder.create(cfg, launcher="launch", backend=backend.value, command=command)
-    return run_dir, _submit_into(cfg, run_dir, backend)
+    try:
+        return run_dir, _submit_into(cfg, run_dir, backend)
+    except SubmitError:
+        shutil.rmtree(run_dir, ignore_errors=True)  # made for this job alone: nothing ran in it
+        raise
 
 
 def _submit_into(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Job[Any]:
@@ -217,7 +221,9 @@ def _submit_into(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Job[A
     except (submitit.core.utils.FailedSubmissionError, submitit.core.utils.FailedJobError) as err:
         runfolder.update_meta(run_dir, submit_error=str(err))
         raise SubmitError(
-            f"Slurm refused the job: {_scheduler_words(err)} (run folder kept: {run_dir})"
+            f"Slurm refused the job: {_scheduler_words(err)}. Compare cluster.partition, nodes, "
+            "gpus_per_node, cpus_per_task and mem_gb with what the cluster has: "
+            "`sinfo -o '%P %D %c %m %G'`"
         ) from None
     _record_job(run_dir, job)
     return job
@@ -288,6 +294,11 @@ def resume(run_dir: Path) -> submitit.Job[Any]:
         raise SubmitError(f"{run_dir.name} is {state}: cancel it first (`python -m launch cancel`)")
     if runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):
         raise SubmitError(f"{run_dir.name} has finished: there is nothing to resume")
+    if not os.access(run_dir, os.W_OK | os.X_OK):  # also a read-only mount
+        raise SubmitError(
+            f"{run_dir} is not writable here: the resumed job writes its records and checkpoints "
+            "into it; make it writable, or copy the run folder somewhere writable and resume the copy"
+        )
     cfg = runfolder.load_job_config(run_dir)
     backend = check_submission(cfg)
     # Cleared first: the new job must not take the last job's cancel as its own.

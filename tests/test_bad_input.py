@@ -541,3 +541,26 @@ def test_sound_mnist_files_pass_the_check(tmp_path: Path) -> None:
     done = kit("train", "prepare-data", "data.dataset=mnist", f"data.root={tmp_path}")
     assert done.returncode == 0, done.stderr
     assert "MNIST is in place" in done.stdout
+
+
+@pytest.fixture
+def read_only_run(tmp_path: Path) -> Iterator[Path]:
+    """A run folder (made, never run) on a read-only bind mount of itself; needs root."""
+    cfg = load_config(overrides=[f"output.root={tmp_path}", "cluster.backend=local"])
+    run_dir = runfolder.create(cfg, launcher="launch", backend="local", command=[])
+    mount = ["mount", "--bind", str(run_dir), str(run_dir)]
+    if os.geteuid() != 0 or subprocess.run(mount, capture_output=True).returncode:
+        pytest.skip("a read-only mount needs root")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(run_dir)], check=True)
+        yield run_dir
+    finally:
+        subprocess.run(["umount", str(run_dir)], check=True)
+
+
+def test_resume_into_a_read_only_run_folder_is_one_line(read_only_run: Path) -> None:
+    before = sorted(p.name for p in read_only_run.rglob("*"))
+    done = kit("launch", "resume", str(read_only_run))
+    message = _one_error_line(done)
+    assert f"{read_only_run} is not writable here" in message and "resume the copy" in message
+    assert sorted(p.name for p in read_only_run.rglob("*")) == before
