@@ -216,7 +216,11 @@ def _submit_into(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Job[A
     executor = make_executor(cfg, run_dir, backend)
     try:
         # submitit echoes sbatch's errors to stderr; the error below says them once.
-        with contextlib.redirect_stderr(io.StringIO()), _detached_output(backend):
+        with (
+            _without_enclosing_job(),
+            contextlib.redirect_stderr(io.StringIO()),
+            _detached_output(backend),
+        ):
             job = executor.submit(Training(), str(run_dir))
     except (submitit.core.utils.FailedSubmissionError, submitit.core.utils.FailedJobError) as err:
         runfolder.update_meta(run_dir, submit_error=str(err))
@@ -227,6 +231,32 @@ def _submit_into(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Job[A
         ) from None
     _record_job(run_dir, job)
     return job
+
+
+# What a Slurm job or step sets, beside the settings a user may keep in the environment.
+_USER_SLURM = ("SLURM_CONF", "SLURM_CLUSTERS", "SLURM_TIME_FORMAT")
+_TORCH_DIST = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@contextlib.contextmanager
+def _without_enclosing_job() -> Iterator[None]:
+    """Submit without the variables of a job this launcher runs in (salloc, a batch job) or of a
+    launch by hand: sbatch passes the environment on, where they contradict the new job's own
+    (srun: "SLURM_MEM_PER_CPU, SLURM_MEM_PER_GPU, and SLURM_MEM_PER_NODE are mutually
+    exclusive"). Outside a job, a user's SLURM_* settings stay."""
+    in_job = "SLURM_JOB_ID" in os.environ
+    names = [
+        name
+        for name in os.environ
+        if name in _TORCH_DIST
+        or name.startswith("SUBMITIT_")
+        or (in_job and name.startswith(("SLURM_", "SLURMD_", "SRUN_")) and name not in _USER_SLURM)
+    ]
+    saved = {name: os.environ.pop(name) for name in names}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 @contextlib.contextmanager

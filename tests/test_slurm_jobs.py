@@ -58,6 +58,18 @@ def _wait_for_empty_queue(cluster: SlurmCluster) -> None:
         time.sleep(0.5)
 
 
+# Submitted from inside another job (salloc, an interactive step): its variables are in the
+# launcher's environment, and sbatch would pass them on to the new job.
+INSIDE_AN_ALLOCATION = {
+    "SLURM_JOB_ID": "999999",
+    "SLURM_MEM_PER_CPU": "100",
+    "SLURM_CPUS_PER_TASK": "1",
+    "SLURM_NTASKS": "7",
+    "RANK": "5",
+    "MASTER_ADDR": "elsewhere",
+}
+
+
 def _kit_env(tmp: Path) -> list[str]:
     return [f"output.root={tmp}/runs", f"data.root={tmp}/data"]
 
@@ -202,9 +214,11 @@ def test_submitit_ddp_binds_gpus(
     done = kit(
         *SUBMIT_DDP,
         f"cluster.gpu_binding={binding}",
+        "cluster.mem_gb=1",
         *SBATCH_SMALL,
         *_kit_env(tmp_path),
         "--wait",
+        env=INSIDE_AN_ALLOCATION,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir = run_folder(done.stdout)
