@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from train import runfolder
+from train.config import world_size
 from train.errors import KitError
 
 _TIMEOUT_S = 10
@@ -121,6 +122,9 @@ def log_files(run_dir: Path, rank: int | None) -> list[Path]:
     if rank is None:
         first = runfolder.first_failure(run_dir)
         rank = int(first["rank"]) if first else 0
+    ranks = world_size(runfolder.read_config(run_dir))
+    if not 0 <= rank < ranks:
+        raise JobError(f"{run_dir.name} has rank(s) 0–{ranks - 1}: pick one with --rank")
     found = runfolder.log_files(run_dir, rank)
     if not found:
         raise JobError(
@@ -147,12 +151,29 @@ def _slurm_state(job_id: str) -> tuple[str, str, str] | None:
     )
     row = parse_sacct(sacct.stdout).get(job_id) if sacct and sacct.returncode == 0 else None
     if row:
-        return row["State"].split()[0], row["Elapsed"], row["NodeList"] or "-"  # "CANCELLED by 0"
+        nodes = row["NodeList"] if row["NodeList"] not in ("", "None assigned") else "-"
+        return row["State"].split()[0], row["Elapsed"], nodes  # State: "CANCELLED by 0"
     squeue = _slurm_command("squeue", "-j", job_id, "-h", "-o", "%T|%M|%N")
     if squeue and squeue.returncode == 0 and squeue.stdout.strip():
         state, elapsed, nodes = squeue.stdout.strip().splitlines()[0].split("|")
         return state, elapsed, nodes or "-"
     return None
+
+
+# Reasons a job waits that time will not cure: it asks for more than the partition, account or
+# QOS allows, or for what no node has.
+_NEVER = ("Limit", "BadConstraints", "Invalid", "ReqNodeNotAvail", "PartitionDown")
+
+
+def pending_reason(job_id: str) -> str | None:
+    """Why a pending Slurm job waits, in Slurm's word and ours; None once it is not pending."""
+    squeue = _slurm_command("squeue", "-j", job_id, "-h", "-o", "%T|%r")
+    if not squeue or squeue.returncode or not squeue.stdout.startswith("PENDING|"):
+        return None
+    reason = squeue.stdout.strip().splitlines()[0].partition("|")[2]
+    if any(word in reason for word in _NEVER):
+        return f"{reason}: it will not start as asked; cancel it and ask for less, or elsewhere"
+    return reason
 
 
 def _slurm_command(*args: str) -> subprocess.CompletedProcess[str] | None:

@@ -357,8 +357,11 @@ def follow(
     its error."""
     shown = 0
     progress = (lambda line: None) if quiet else say
+    said, look = "", time.monotonic() + PENDING_LOOK_S
     while not job.done():
         shown = _show_epochs(run_dir, shown, progress)
+        if isinstance(job, submitit.SlurmJob) and time.monotonic() > look:
+            said, look = _say_pending(job, run_dir, said, progress), look + PENDING_LOOK_S
         time.sleep(1.0)
     _show_epochs(run_dir, shown, progress)
     try:
@@ -375,6 +378,21 @@ def follow(
         return False
     say(f"job {job.job_id} done: {_result_words(result)}")
     return True
+
+
+PENDING_LOOK_S = 10  # how often --wait asks Slurm why a job has not started
+
+
+def _say_pending(
+    job: submitit.Job[Any], run_dir: Path, said: str, say: Callable[[str], None]
+) -> str:
+    """Say why the job waits, when that changes (a job that can never start waits silently)."""
+    from launch.jobs import pending_reason
+
+    reason = pending_reason(str(job.job_id)) or ""
+    if reason and reason != said:
+        say(f"job {job.job_id} pending: {reason} (`python -m launch cancel {run_dir}`)")
+    return reason
 
 
 def interrupted(job: submitit.Job[Any], run_dir: Path) -> str:

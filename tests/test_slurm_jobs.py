@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -435,3 +437,30 @@ def test_dry_run_shows_the_script_that_submit_submits(
     submitted = (run_dir / "logs" / f"{job_id}_submission.sh").read_text()
     assert script.replace(Path(planned).name, run_dir.name) == submitted
     assert slurm_cluster.wait_job(job_id) == "COMPLETED"
+
+
+def test_wait_says_why_a_job_that_cannot_start_waits(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """Three nodes on a two-node cluster: Slurm queues the job for ever. --wait says so (and
+    Ctrl-C leaves it queued); status shows no nodes; cancel ends it."""
+    batch = "train.global_batch_size=510"  # 6 ranks
+    args = [*SUBMIT_DDP, "--nodes", "3", batch, *_kit_env(tmp_path), "--wait"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    with subprocess.Popen(
+        [sys.executable, "-m", *args], cwd=REPO, env=env, text=True, stdout=subprocess.PIPE
+    ) as waiting:
+        assert waiting.stdout is not None
+        silent = threading.Timer(60, waiting.send_signal, [signal.SIGINT])  # no third line
+        silent.start()
+        lines = [waiting.stdout.readline() for _ in range(3)]
+        silent.cancel()
+        waiting.send_signal(signal.SIGINT)
+        assert waiting.wait(timeout=30) == 130
+    run_dir = run_folder("".join(lines))
+    pending = lines[2]
+    assert "pending: PartitionNodeLimit: it will not start as asked" in pending, lines
+    assert f"python -m launch cancel {run_dir}" in pending
+    status = kit("launch", "status", str(run_dir)).stdout.splitlines()[1].split()
+    assert status[4:6] == ["PENDING", "-"], status
+    assert kit("launch", "cancel", str(run_dir)).returncode == 0
