@@ -221,3 +221,29 @@ def test_a_run_made_by_sbatch_then_resumed_shows_both_jobs_logs(tmp_path: Path) 
     runfolder.update_meta(run_dir, job_id="7", logs=[[str(p) for p in resumed]])
     assert runfolder.log_files(run_dir, 0) == [first, *resumed]
     assert runfolder.log_files(run_dir, 1) == []
+
+
+def test_a_save_on_a_full_disk_says_so_and_keeps_the_state_saved_before(tmp_path: Path) -> None:
+    """Files past 64 kB fail to write (EFBIG, as ENOSPC would) while a job saves its state."""
+    path = tmp_path / "checkpoints" / "state.pt"
+    path.parent.mkdir()
+    path.write_bytes(b"the state saved before")
+    script = f"""
+import resource, torch
+from train import resume
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
+try:
+    resume._write(__import__("pathlib").Path({str(path)!r}), torch.zeros(1 << 20))
+except resume.runfolder.RunFolderError as err:
+    print(err)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert f"could not save {path} (" in done.stdout, done.stdout + done.stderr
+    assert (
+        "MB free there: free space" in done.stdout
+        and "the state saved before is kept" in done.stdout
+    )
+    assert path.read_bytes() == b"the state saved before"
+    assert [p.name for p in path.parent.iterdir()] == ["state.pt"]  # no partial file left

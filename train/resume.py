@@ -16,6 +16,7 @@ import logging
 import os
 import pickle
 import random
+import shutil
 import signal
 import subprocess
 import time
@@ -169,12 +170,25 @@ def save(
         "scaler": scaler.state_dict(),
         "ranks": ranks,
     }
-    with runfolder.atomic_file(runfolder.state_path(run_dir)) as partial:
-        torch.save(state, partial)
-    with runfolder.atomic_file(runfolder.checkpoint_path(run_dir)) as partial:
-        torch.save(model_state, partial)  # weights alone, for a bare model
+    _write(runfolder.state_path(run_dir), state)
+    _write(runfolder.checkpoint_path(run_dir), model_state)  # weights alone, for a bare model
     if "shards" in held:
         runfolder.drop_other_shards(run_dir, keep=held["shards"])
+
+
+def _write(path: Path, obj: Any) -> None:
+    """torch.save through an atomic file; a full disk or quota is said in words (torch says
+    "unexpected pos"), and the file saved before stays whole."""
+    try:
+        with runfolder.atomic_file(path) as partial:
+            torch.save(obj, partial)
+    except (OSError, RuntimeError) as err:
+        free = shutil.disk_usage(path.parent).free / 2**20
+        raise runfolder.RunFolderError(
+            f"could not save {path} ({str(err).splitlines()[0][:200]}); {free:.0f} MB free "
+            "there: free space (or raise the quota), then `python -m launch resume` the run; "
+            "the state saved before is kept"
+        ) from None
 
 
 def _save_name(progress: Progress) -> str:
