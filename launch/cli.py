@@ -183,7 +183,27 @@ def _sweep(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return EXIT_INTERRUPTED
-    return 0
+    return _local_sweep_result(submitted)
+
+
+def _local_sweep_result(submitted: list[tuple[Path, Any]]) -> int:
+    """A local sweep has waited for its runs: 1, with a line per failed run, if any failed.
+    (A Slurm sweep's runs are still queued: `launch status` follows them.)"""
+    import submitit
+
+    from launch.jobs import failure_line
+
+    local = [run_dir for run_dir, job in submitted if isinstance(job, submitit.LocalJob)]
+    failed = [d for d in local if not runfolder.of_kind(runfolder.read_rank(d, 0), "summary")]
+    for run_dir in failed:
+        print(failure_line(run_dir) or f"{run_dir.name}: ended without a summary", file=sys.stderr)
+    if failed:
+        print(
+            f"{len(failed)} of the sweep's {len(local)} runs failed: see "
+            "`python -m launch logs RUN`",
+            file=sys.stderr,
+        )
+    return 1 if failed else 0
 
 
 def _sweep_modes(args: argparse.Namespace) -> list[str]:

@@ -324,6 +324,24 @@ def test_local_sweep_parallel_lets_runs_overlap(tmp_path: Path) -> None:
     assert first_start < first_done and second_start < second_done
 
 
+def broken_model(shape: tuple[int, ...], classes: int) -> None:
+    raise ValueError("a bug in this model (injected)")
+
+
+def test_a_local_sweep_with_a_failed_run_says_which_and_exits_1(tmp_path: Path) -> None:
+    tests = Path(__file__).parent
+    done = kit(
+        "launch", "sweep", "--modes", "ddp", "--grid", "model.name=convnet,test_units:broken_model",
+        *LOCAL, *SMALL_NO_EPOCHS, f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data",
+        env={"PYTHONPATH": os.pathsep.join([str(tests), str(REPO)])},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.count("submitted job ") == 2
+    failed = done.stderr.splitlines()
+    assert "failed first: ValueError: a bug in this model (injected)" in failed[0]
+    assert failed[1] == "1 of the sweep's 2 runs failed: see `python -m launch logs RUN`"
+
+
 def test_gradient_buckets_are_views_backward_writes_into() -> None:
     """The captured step's buckets (built on any device): every `.grad` is a view of its bucket
     with its parameter's strides, channels_last included, and backward writes the same
