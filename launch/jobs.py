@@ -161,8 +161,8 @@ def _slurm_state(job_id: str) -> tuple[str, str, str] | None:
 
 
 # Reasons a job waits that time will not cure: it asks for more than the partition, account or
-# QOS allows, or for what no node has.
-_NEVER = ("Limit", "BadConstraints", "Invalid", "ReqNodeNotAvail", "PartitionDown")
+# QOS allows one job (not a group limit, which frees as other jobs end), or what no node has.
+_NEVER = ("PartitionNodeLimit", "PartitionTimeLimit", "PerJob", "BadConstraints", "Invalid")
 
 
 def pending_reason(job_id: str) -> str | None:
