@@ -78,13 +78,14 @@ def cancel(run_dir: Path) -> str:
         raise JobError(f"{run_dir.name} has no job id yet: nothing to cancel")
     if runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):
         return f"{run_dir.name}: job {job_id} had already completed"
+    ended = f"{run_dir.name}: local job {job_id} had already ended"
+    local = meta.get("backend") != "slurm"
+    if local and not _local_job_alive(run_dir, meta):  # nor is its PID another's to signal
+        return ended  # and not marked: a failed run stays FAILED
     # Marked first: ranks that catch the cancel's SIGTERM stop without writing anything.
     runfolder.update_meta(run_dir, cancel_requested=True)
-    if meta.get("backend") == "slurm":
+    if not local:
         return _cancel_slurm(run_dir, str(job_id))
-    ended = f"{run_dir.name}: local job {job_id} had already ended"
-    if not _local_job_alive(run_dir, meta):  # nor is its PID another process's to signal
-        return ended
     try:
         # SIGINT, as submitit's own cancel: the controller stops every task (its tasks ignore
         # a forwarded SIGTERM, which submitit reserves for preemption).

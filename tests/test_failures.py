@@ -48,6 +48,9 @@ def test_the_rank_that_raised_is_named_and_the_run_resumes(tmp_path: Path) -> No
     assert "injected failure in this rank" in logs.stdout
     beyond = kit("launch", "logs", str(run_dir), "--rank", "7")
     assert beyond.returncode == 2 and f"{run_dir.name} has rank(s) 0–1: pick one" in beyond.stderr
+    cancelled = kit("launch", "cancel", str(run_dir))
+    assert cancelled.returncode == 0 and "had already ended" in cancelled.stdout
+    assert " FAILED " in kit("launch", "status", str(run_dir)).stdout  # not CANCELLED
 
     resumed = kit("launch", "resume", str(run_dir), "--wait")  # the bug fixed: no hook now
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
