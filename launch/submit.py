@@ -415,6 +415,8 @@ def interrupted(job: submitit.Job[Any], run_dir: Path) -> str:
         )
     if runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):
         return f"interrupted: job {job.job_id} had already completed"
+    # Marked here too: the terminal's Ctrl-C may have ended the job before `cancel` looks.
+    runfolder.update_meta(run_dir, cancel_requested=True)
     cancel(run_dir)
     deadline = time.monotonic() + 30  # the controller ends its tasks within seconds
     while not job.done() and time.monotonic() < deadline:
