@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,3 +44,22 @@ def run_folder(stdout: str) -> Path:
 def records(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
     path = run_dir / "metrics" / f"rank-{rank:05d}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def wait_for(what: Callable[[], bool], seconds: float) -> bool:
+    """Poll until `what()` holds or `seconds` pass; its last answer."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if what():
+            return True
+        time.sleep(0.2)
+    return what()
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent to reap it is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -11,34 +11,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kit import REPO, SMALL, kit, run_folder
+from kit import REPO, SMALL, alive, kit, run_folder, wait_for
 
 from train import runfolder
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 LONG = [*(s for s in SMALL if not s.startswith("train.epochs=")), "train.epochs=200"]
-
-
-def _wait_for(what: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if what():
-            return True
-        time.sleep(0.2)
-    return what()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _status(run_dir: Path) -> tuple[str, list[str]]:
@@ -78,7 +61,7 @@ class Following:
                 stderr=err,
                 start_new_session=True,
             )
-        assert _wait_for(lambda: "run folder: " in self.out.read_text(), 120), self.output()
+        assert wait_for(lambda: "run folder: " in self.out.read_text(), 120), self.output()
         self.run_dir = run_folder(self.out.read_text())
         self.job_id = str(_meta(self.run_dir)["job_id"])
         self.local = _meta(self.run_dir)["backend"] == "local"
@@ -99,7 +82,7 @@ class Following:
     def stop(self) -> None:
         """Leave nothing of the test's job running, whatever the test found."""
         for pid in self.pids():
-            if _alive(pid):
+            if alive(pid):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -118,7 +101,7 @@ def interrupted(
     run = Following(tmp, "--mode", "ddp", "cluster.backend=local", "cluster.gpus_per_node=2", *LONG, *where)  # fmt: skip
     try:
         saved = runfolder.state_path(run.run_dir)
-        assert _wait_for(lambda: "epoch 1/200" in run.out.read_text() and saved.is_file(), 180)
+        assert wait_for(lambda: "epoch 1/200" in run.out.read_text() and saved.is_file(), 180)
         assert _status(run.run_dir)[0] == "RUNNING"
         if request.param == "launcher":
             # A run recorded before the controller's identity was: known by its command line.
@@ -150,7 +133,7 @@ def test_ctrl_c_at_wait_cancels_the_local_job_in_one_line(
     state, lines = _status(run.run_dir)
     assert state == "CANCELLED", lines
     assert len(lines) == 2, lines  # the table alone: no "rank R failed first: KeyboardInterrupt"
-    assert _wait_for(lambda: not any(_alive(pid) for pid in run.pids()), 15), how
+    assert wait_for(lambda: not any(alive(pid) for pid in run.pids()), 15), how
     assert runfolder.state_path(run.run_dir).is_file()  # what `launch resume` goes on from
 
 
@@ -192,7 +175,7 @@ def test_ctrl_c_at_wait_leaves_a_slurm_job_running(tmp_path: Path) -> None:
     shape = ["cluster.backend=slurm", "cluster.gpus_per_node=2", "cluster.cpus_per_task=1"]
     run = Following(tmp_path, "--mode", "ddp", *shape, *LONG, "train.checkpoint=false", *where)
     try:
-        assert _wait_for(lambda: _status(run.run_dir)[0] == "RUNNING", 120), run.output()
+        assert wait_for(lambda: _status(run.run_dir)[0] == "RUNNING", 120), run.output()
         os.killpg(run.process.pid, signal.SIGINT)
         assert run.process.wait(60) == 130, run.output()
         assert "Traceback" not in run.output()
@@ -206,4 +189,4 @@ def test_ctrl_c_at_wait_leaves_a_slurm_job_running(tmp_path: Path) -> None:
         kit("launch", "cancel", str(run.run_dir))
         with contextlib.suppress(subprocess.TimeoutExpired):
             run.process.wait(10)
-    assert _wait_for(lambda: _status(run.run_dir)[0] == "CANCELLED", 120)
+    assert wait_for(lambda: _status(run.run_dir)[0] == "CANCELLED", 120)

@@ -8,13 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
 import pytest
-from kit import REPO, SMALL, kit, records, run_folder
+from kit import REPO, SMALL, alive, kit, records, run_folder, wait_for
 
 from launch.cli import grid
 from launch.jobs import parse_sacct
@@ -178,29 +176,11 @@ LOCAL = ["cluster.backend=local", "cluster.gpus_per_node=2"]
 SMALL_NO_EPOCHS = [s for s in SMALL if not s.startswith("train.epochs=")]
 
 
-def _wait_for(what: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if what():
-            return True
-        time.sleep(0.5)
-    return what()
-
-
 def _state(run_dir: Path) -> str:
     done = kit("launch", "status", str(run_dir))
     assert done.returncode == 0, done.stderr
     header, row = (line.split() for line in done.stdout.splitlines()[:2])
     return row[header.index("STATE")]
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for its parent to reap it is not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _children(pid: int) -> list[int]:
@@ -213,10 +193,10 @@ def _stop(pids: list[int]) -> None:
     """Leave no process of the test's job behind, whatever the test found."""
     for sig in (signal.SIGINT, signal.SIGKILL):
         for pid in pids:
-            if _alive(pid):
+            if alive(pid):
                 with contextlib.suppress(OSError):
                     os.kill(pid, sig)
-        if _wait_for(lambda: not any(_alive(p) for p in pids), 10):
+        if wait_for(lambda: not any(alive(p) for p in pids), 10):
             return
 
 
@@ -264,7 +244,7 @@ def test_local_cancel_ends_a_running_job(tmp_path: Path) -> None:
     try:
         assert _state(run_dir) == "RUNNING"
         started = run_dir / "metrics" / "rank-00001.jsonl"
-        assert _wait_for(started.is_file, 60), "the tasks never started"
+        assert wait_for(started.is_file, 60), "the tasks never started"
         tasks = _children(pid)
         assert len(tasks) == 2  # one per rank
 
@@ -272,10 +252,10 @@ def test_local_cancel_ends_a_running_job(tmp_path: Path) -> None:
         assert cancelled.returncode == 0, cancelled.stderr
         assert cancelled.stdout.strip() == f"{run_dir.name}: cancelled local job {pid}"
 
-        assert _wait_for(lambda: _state(run_dir) == "CANCELLED", 60)  # seconds when quiet
+        assert wait_for(lambda: _state(run_dir) == "CANCELLED", 60)  # seconds when quiet
         # The controller ends its tasks (SIGINT, then SIGKILL) before it ends itself; on a busy
         # machine the last of them may take a moment more to go.
-        assert _wait_for(lambda: not _alive(pid) and not any(_alive(t) for t in tasks), 15)
+        assert wait_for(lambda: not alive(pid) and not any(alive(t) for t in tasks), 15)
         assert "summary" not in [r["kind"] for r in records(run_dir)]
     finally:
         _stop([pid, *tasks])
