@@ -6,7 +6,6 @@ short timeout, so `status` answers even when the controller does not.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -222,12 +221,12 @@ def _stopped_state(stop: dict[str, Any]) -> str:
 def process_identity(pid: int) -> str | None:
     """What tells a process from a later one given the same PID: the boot and the process's start
     time (field 22 of /proc/PID/stat); None where /proc cannot tell (not Linux, or gone)."""
+    stat = _stat(pid)
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return f"{boot}:{stat.rsplit(')', 1)[1].split()[19]}"  # fields 3.. follow the ')'
+    return f"{boot}:{stat[19]}" if stat else None
 
 
 def _local_job_alive(run_dir: Path, meta: dict[str, Any]) -> bool:
@@ -258,9 +257,17 @@ def _alive(pid: str) -> bool:
         return False
     except PermissionError:
         return True
-    with contextlib.suppress(OSError):  # a zombie is not running
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return True
+    stat = _stat(int(pid))
+    return stat is None or stat[0] != "Z"  # a zombie is not running; no /proc: the PID alone
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields from the third on (state, ppid, …; start time is [19]), read past
+    the command name, which may hold spaces and ')'; None without /proc or once the PID is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
 
 
 def _last_epoch(records: list[dict[str, Any]]) -> str:
