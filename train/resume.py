@@ -183,6 +183,8 @@ def _write(path: Path, obj: Any) -> None:
         with runfolder.atomic_file(path) as partial:
             torch.save(obj, partial)
     except (OSError, RuntimeError) as err:
+        if isinstance(err, RuntimeError) and "inline_container" not in str(err):
+            raise  # not torch's file writer failing: a bug, whose traceback helps
         free = shutil.disk_usage(path.parent).free / 2**20
         raise runfolder.RunFolderError(
             f"could not save {path} ({str(err).splitlines()[0][:200]}); {free:.0f} MB free "
