@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(PY) -m analysis summarize $(DEMO_ROOT) --plot $(DEMO_ROOT)/comparison.png
 
 test: $(STAMP) slurm-packages lint
-	$(PY) -m pytest -n 2 --dist loadgroup
+	$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

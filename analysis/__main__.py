@@ -6,11 +6,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
 # Neither imports pandas at the top: it loads while other processes read the runs (load_runs).
-from analysis.load import RunDirError, load_runs, resolve_run_dirs
+from analysis.load import load_runs, resolve_run_dirs
 from analysis.table import FORMATS, Group, group_runs
+from core.cli import ArgumentParser, add_common_flags, main_of
+from core.errors import KitError
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 EPILOG = """\
@@ -27,28 +28,17 @@ examples:
 """
 
 
-class UsageError(ValueError):
+class UsageError(KitError):
     """The command line asks for something this command cannot do; the message names the fix."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but its errors are one line saying where the help is (exit code 2)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        return int(args.func(args))
-    except (RunDirError, UsageError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return main_of(_parser(), argv)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m analysis", description=__doc__)
+    parser = ArgumentParser(prog="python -m analysis", description=__doc__)
+    add_common_flags(parser)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
     summarize = commands.add_parser(
         "summarize",

@@ -15,9 +15,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from train import runfolder
-from train.config import CommHook, CompileMode, Config, world_size
-from train.errors import KitError
+from core import runfolder, strategies
+from core.errors import KitError
+from core.settings.rules import world_size
+from core.settings.schema import CompileMode, Config
 
 if TYPE_CHECKING:  # imported in load_runs: the processes that read runs never need pandas
     from concurrent.futures import Executor
@@ -133,8 +134,7 @@ def dataset_label(cfg: Config) -> str:
 
 def strategy_key(cfg: Config) -> str:
     """The run's column in the table: its mode, and the communication hook where one is set."""
-    hook = cfg.dist.comm_hook
-    return str(cfg.mode) if hook == CommHook.none else f"{cfg.mode}+{hook}"
+    return strategies.of(cfg).column_key(cfg.dist.comm_hook)
 
 
 def _compiled(cfg: Config) -> str:

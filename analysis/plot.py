@@ -12,11 +12,7 @@ from pathlib import Path
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from analysis.table import NM, STRATEGIES, Group
-
-COLOURS = {"dp": "tab:orange", "ddp": "tab:blue", "ddp+fp16": "tab:cyan", "ddp+bf16": "tab:green",
-           "ddp+powersgd": "tab:olive", "zero": "tab:purple", "fsdp": "tab:red"}  # fmt: skip
-OTHER = "tab:gray"  # a strategy without its own colour
+from analysis.table import COLUMNS, LABELS, NM, Group
 
 
 def _epoch_times(ax: Axes, group: Group) -> None:
@@ -24,9 +20,9 @@ def _epoch_times(ax: Axes, group: Group) -> None:
     labelled: set[str] = set()
     train = group.runs[group.runs["task"] == "train"]
     for mode, seconds in zip(train["mode"], train["epoch_seconds"], strict=True):
-        label = None if mode in labelled else STRATEGIES[mode]
+        label = None if mode in labelled else LABELS[mode]
         labelled.add(mode)
-        colour = COLOURS.get(mode, OTHER)
+        colour = COLUMNS[mode].colour
         ax.plot(range(1, len(seconds) + 1), seconds, marker="o", color=colour, label=label)
     ax.set(title="time per epoch", xlabel="epoch", ylabel="seconds (slowest rank)")
     # NaN (a split epoch has no one time) is drawn as a gap and left out of the limits.
@@ -46,7 +42,7 @@ def _throughput(ax: Axes, group: Group) -> None:
         if math.isnan(value):
             ax.text(x, 0, NM, ha="center", va="bottom")
         else:
-            ax.bar(x, value, color=COLOURS.get(mode, OTHER))
+            ax.bar(x, value, color=COLUMNS[mode].colour)
             ax.text(x, value, f"{value:.0f}", ha="center", va="bottom")
     _strategy_axis(ax, group)
     ax.margins(y=0.12)  # room for the value above the tallest bar
@@ -55,7 +51,7 @@ def _throughput(ax: Axes, group: Group) -> None:
 
 def _strategy_axis(ax: Axes, group: Group) -> None:
     """One place per strategy shown, DP and DDP even where one has no run."""
-    ax.set_xticks(range(len(group.columns)), [STRATEGIES[m] for m in group.columns])
+    ax.set_xticks(range(len(group.columns)), [LABELS[m] for m in group.columns])
     ax.set_xlim(-0.6, len(group.columns) - 0.4)
 
 
@@ -70,7 +66,7 @@ def _per_card(column: str, title: str, ylabel: str) -> Callable[[Axes, Group], N
                 if math.isnan(value):
                     ax.text(x + offset, 0, NM, ha="center", va="bottom", fontsize=8)
                     continue
-                colour = COLOURS.get(mode, OTHER)
+                colour = COLUMNS[mode].colour
                 ax.bar(x + offset, value, width=0.38, color=colour, hatch=hatch, label=label)
                 ax.text(x + offset, value, f"{value:.0f}", ha="center", va="bottom", fontsize=8)
         _strategy_axis(ax, group)

@@ -17,21 +17,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from analysis.load import FIGURES, HARDWARE, LARGEST_BATCH_KEYS, SETTINGS, Figure
+from core import strategies
 
 if TYPE_CHECKING:  # imported where used: the command line is parsed, and runs are being read
     import pandas as pd  # by other processes, while this one loads pandas
 
-MODES = {"dp": "DP", "ddp": "DDP"}  # always shown
-# Every strategy's column key (`analysis.load.strategy_key`) and label, in the order shown.
-HOOKS = {"fp16": "fp16 hook", "bf16": "bf16 hook", "powersgd": "PowerSGD"}
-STRATEGIES = {
-    **MODES,
-    **{f"ddp+{hook}": f"DDP + {label}" for hook, label in HOOKS.items()},
-    "zero": "ZeRO",
-    **{f"zero+{hook}": f"ZeRO + {label}" for hook, label in HOOKS.items()},
-    "fsdp": "FSDP",
-}
-COMPARISON = "ddp_vs_dp"  # the improvement column's key in csv/json
+# Every column the table can show (`analysis.load.strategy_key`), in its order: from the strategies.
+COLUMNS = {column.key: column for column in strategies.columns()}
+LABELS = {key: column.label for key, column in COLUMNS.items()}
+# The article's comparison, always shown: DDP against DP; every other column is held to DDP.
+REFERENCE, BASELINE = (key for key, column in COLUMNS.items() if column.always_shown)
+SHOWN = (REFERENCE, BASELINE)
+COMPARISON = f"{BASELINE}_vs_{REFERENCE}"  # the improvement column's key in csv/json
 NM = "n/m"  # not measured
 
 
@@ -110,7 +107,7 @@ def _matching_largest(train: pd.DataFrame, largest: pd.DataFrame) -> pd.DataFram
 def _medians(train: pd.DataFrame, largest: pd.DataFrame) -> dict[str, dict[str, float]]:
     medians: dict[str, dict[str, float]] = {}
     ran = set(train["mode"])  # largest-batch runs join only the strategies trained here
-    for mode in (s for s in STRATEGIES if s in MODES or s in ran):
+    for mode in (key for key in COLUMNS if key in SHOWN or key in ran):
         runs = train[train["mode"] == mode]
         figures = {f.column: _median(runs, f.column) for f in FIGURES}  # NaN if none
         best = (
@@ -180,9 +177,9 @@ def _ids(ids: list[str]) -> str:
 
 
 def _runs_line(group: Group) -> str:
-    parts = [f"{STRATEGIES[mode]}: {_ids(group.run_ids(mode))}" for mode in group.columns]
+    parts = [f"{LABELS[mode]}: {_ids(group.run_ids(mode))}" for mode in group.columns]
     largest = [
-        f"{STRATEGIES[mode]}: {_ids(ids)}"
+        f"{LABELS[mode]}: {_ids(ids)}"
         for mode in group.columns
         if (ids := group.run_ids(mode, "largest_batch"))
     ]
@@ -200,10 +197,11 @@ def to_markdown(groups: list[Group]) -> str:
 
 def _markdown_group(group: Group) -> str:
     lines = [f"## {heading(group)}", "", _runs_line(group), ""]
-    labels = [STRATEGIES[mode] for mode in group.columns]
-    versus = [f"{label} vs DDP" for label in labels[len(MODES) :]]
+    labels = [LABELS[mode] for mode in group.columns]
+    base, reference = LABELS[BASELINE], LABELS[REFERENCE]
+    versus = [f"{label} vs {base}" for label in labels[len(SHOWN) :]]
     lines += [
-        "| " + " | ".join(["metric", *labels, "DDP vs DP", *versus]) + " |",
+        "| " + " | ".join(["metric", *labels, f"{base} vs {reference}", *versus]) + " |",
         "|---|" + "---:|" * len(labels) + "---|" * (1 + len(versus)),
     ]
     for figure in FIGURES:
@@ -217,11 +215,17 @@ def _cells(group: Group, figure: Figure) -> dict[str, tuple[float, str, str]]:
     other strategy against DDP."""
     values = {mode: group.medians[mode][figure.column] for mode in group.columns}
     cells = {mode: (value, figure.unit, _number(figure, value)) for mode, value in values.items()}
-    cells[COMPARISON] = comparison(figure, values["dp"], values["ddp"])
-    for mode in group.columns[len(MODES) :]:
-        names = ("DDP", STRATEGIES[mode])
-        cells[f"{mode}_vs_ddp"] = comparison(figure, values["ddp"], values[mode], names)
+    names = (LABELS[REFERENCE], LABELS[BASELINE])
+    cells[COMPARISON] = comparison(figure, values[REFERENCE], values[BASELINE], names)
+    for mode in group.columns[len(SHOWN) :]:
+        names = (LABELS[BASELINE], LABELS[mode])
+        cells[versus(mode)] = comparison(figure, values[BASELINE], values[mode], names)
     return cells
+
+
+def versus(mode: str) -> str:
+    """The key of a column's comparison with the baseline (DDP) in csv/json."""
+    return f"{mode}_vs_{BASELINE}"
 
 
 def tidy(groups: list[Group]) -> pd.DataFrame:
@@ -233,8 +237,8 @@ def tidy(groups: list[Group]) -> pd.DataFrame:
 
 def _group_records(group: Group) -> list[dict[str, Any]]:
     runs = {mode: len(group.run_ids(mode)) for mode in group.columns}
-    runs[COMPARISON] = runs["dp"] + runs["ddp"]
-    runs |= {f"{mode}_vs_ddp": runs["ddp"] + runs[mode] for mode in group.columns[len(MODES) :]}
+    runs[COMPARISON] = runs[REFERENCE] + runs[BASELINE]
+    runs |= {versus(mode): runs[BASELINE] + runs[mode] for mode in group.columns[len(SHOWN) :]}
     return [
         {"group": group.number, "metric": figure.column, "label": figure.label, "mode": mode}
         | {"value": value, "unit": unit, "text": text, "runs": runs[mode], **group.key}

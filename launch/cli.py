@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from train import runfolder
-from train.config import Config, ConfigError, Mode, load_config, to_yaml
-from train.errors import EXIT_INTERRUPTED, ArgumentParser, add_common_flags, run_cli
+from core import runfolder, strategies
+from core.cli import EXIT_INTERRUPTED, ArgumentParser, add_common_flags, run_cli
+from core.settings.loading import load_config, to_yaml
+from core.settings.schema import Config, ConfigError
+from core.strategies import STRATEGIES
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     prepare.add_argument("--launcher", default="sbatch", help=argparse.SUPPRESS)
     prepare.add_argument(
-        "--shell", action="store_true", help="print shell assignments (run_dir, rank_log)"
+        "--shell", action="store_true", help="print shell assignments (run_dir, rank_log, srun_log)"
     )
     status = command(
         "status", _status, "show each run's job, state, nodes, elapsed time and last epoch"
@@ -100,9 +102,8 @@ def _parser() -> argparse.ArgumentParser:
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mode",
-        choices=Mode.values(),
-        help="the strategy: dp (DataParallel), ddp (DistributedDataParallel), zero (DDP with "
-        "the optimizer state sharded)",
+        choices=strategies.names(),
+        help="the strategy: " + "; ".join(f"{s.name}: {s.summary}" for s in STRATEGIES.values()),
     )
     parser.add_argument("--nodes", type=int, help="number of nodes (DDP only above 1)")
     parser.add_argument("--config", dest="config_file", help="YAML file merged over the defaults")
@@ -214,7 +215,7 @@ def _sweep_modes(args: argparse.Namespace) -> list[str]:
         item for item in [*args.overrides, *args.grid] if item.partition("=")[0].strip() == "mode"
     ]
     if given:
-        wanted = args.mode or given[0].partition("=")[2] or "zero"
+        wanted = args.mode or given[0].partition("=")[2] or ",".join(strategies.names())
         raise ConfigError(
             f"{given[0]} conflicts with --modes {args.modes}: a sweep's modes come from --modes "
             f"alone, e.g. --modes {wanted}"
@@ -274,7 +275,7 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from launch.jobs import HEADER, failure_line, format_table, status, unreadable
+    from launch.jobs import HEADER, failure_line, format_table, notes, status, unreadable
 
     folders = args.runs or runfolder.find_runs(args.root)
     if not folders:
@@ -292,8 +293,11 @@ def _status(args: argparse.Namespace) -> int:
             rows.append(unreadable(folder).row())
             continue
         rows.append(row)
-        if row[HEADER.index("STATE")] not in _GOING_WELL and (line := failure_line(folder)):
+        state = row[HEADER.index("STATE")]
+        if state not in _GOING_WELL and (line := failure_line(folder)):
             failures.append(line)  # only runs that went wrong: it reads every rank's records
+        if state != "COMPLETED":
+            failures.extend(notes(folder, state))
     print(format_table(rows))
     for line in failures:  # the rank to look at first, under the table
         print(line)

@@ -1,24 +1,20 @@
 """Operate submitted runs: their state, cancelling them, their logs.
 
-State comes from `sacct` (Slurm accounting), then `squeue`, then the run folder itself, each with a
-short timeout, so `status` answers even when the controller does not.
+State comes from Slurm (`core.slurm`: accounting, then the queue), then the run folder itself, so
+`status` answers even when the controller does not.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
-from train import runfolder
-from train.config import world_size
-from train.errors import KitError
-
-_TIMEOUT_S = 10
-_SACCT_FIELDS = ("JobID", "State", "Elapsed", "NodeList")
+from core import runfolder, slurm
+from core.errors import KitError
+from core.settings.rules import world_size
 
 
 class JobError(KitError):
@@ -50,8 +46,12 @@ def status(run_dir: Path) -> RunStatus:
     if meta.get("submit_error"):
         return RunStatus(run_dir.name, mode, backend, job_id, "NOT-SUBMITTED", "-", "-", "-")
     records = runfolder.read_rank(run_dir, 0)  # read once: state fall-back and last epoch
-    found = _slurm_state(job_id) if backend == "slurm" and job_id != "-" else None
-    state, elapsed, nodes = found or _folder_state(run_dir, records, meta)
+    found = slurm.state(job_id) if backend == "slurm" and job_id != "-" else None
+    state, elapsed, nodes = (
+        (found.state, found.elapsed, found.nodes)
+        if found
+        else _folder_state(run_dir, records, meta)
+    )
     return RunStatus(
         run_dir.name, mode, backend, job_id, state, nodes, elapsed, _last_epoch(records)
     )
@@ -95,13 +95,9 @@ def cancel(run_dir: Path) -> str:
 
 
 def _cancel_slurm(run_dir: Path, job_id: str) -> str:
-    import submitit
-
-    job: submitit.SlurmJob[Any] = submitit.SlurmJob(runfolder.logs_dir(run_dir), job_id)
-    try:
-        job.cancel(check=True)
-    except (OSError, subprocess.CalledProcessError) as err:
-        raise JobError(f"scancel {job_id} failed ({err}): is Slurm reachable from here?") from None
+    problem = slurm.cancel(job_id)
+    if problem:
+        raise JobError(f"scancel {job_id} failed ({problem}): is Slurm reachable from here?")
     return f"{run_dir.name}: cancelled Slurm job {job_id}"
 
 
@@ -110,11 +106,28 @@ def failure_line(run_dir: Path) -> str | None:
     first = runfolder.first_failure(run_dir)
     if not first:
         return None
-    if str(first.get("error", "")).startswith("KeyboardInterrupt") and runfolder.read_meta(
-        run_dir
-    ).get("cancel_requested"):
-        return None  # a Ctrl-C that reached the ranks with the launcher's cancel: no failure
+    if runfolder.read_meta(run_dir).get("cancel_requested") and (
+        str(first.get("error", "")).startswith("KeyboardInterrupt")
+        or first.get("recorded") is False
+    ):
+        return None  # the cancel's own end (a Ctrl-C in the ranks, srun's word of its SIGTERM)
     return f"{run_dir.name}: {runfolder.failure_words(first)}"
+
+
+def notes(run_dir: Path, state: str) -> list[str]:
+    """What to know of a run that has not completed: what its last attempt noticed (a warning
+    lead that did not fit the limit), and for one stopped at its time limit, how to go on."""
+    records = runfolder.read_rank(run_dir, 0)
+    lines = [f"{run_dir.name}: {n['text']}" for n in runfolder.of_kind(records, "notice")]
+    if state == "TIMEOUT":
+        limit = runfolder.read_config(run_dir).cluster.max_requeues
+        start = next(iter(runfolder.of_kind(records, "start")), {})
+        lines.append(
+            f"{run_dir.name}: stopped at its time limit after {start.get('restarts', 0)} "
+            f"requeue(s) (cluster.max_requeues={limit}): continue with "
+            f"`python -m launch resume {run_dir}`"
+        )
+    return lines
 
 
 def log_files(run_dir: Path, rank: int | None) -> list[Path]:
@@ -132,55 +145,6 @@ def log_files(run_dir: Path, rank: int | None) -> list[Path]:
             "`python -m launch status`)"
         )
     return found
-
-
-def parse_sacct(text: str) -> dict[str, dict[str, str]]:
-    """`sacct --parsable2` output (a header line, then '|'-separated rows) → JobID → fields."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines:
-        return {}
-    header = lines[0].split("|")
-    rows = [dict(zip(header, line.split("|"), strict=False)) for line in lines[1:]]
-    return {row["JobID"]: row for row in rows if "JobID" in row}
-
-
-def _slurm_state(job_id: str) -> tuple[str, str, str] | None:
-    """(state, elapsed, nodes) from accounting, else from the queue; None if neither answers."""
-    sacct = _slurm_command(
-        "sacct", "-j", job_id, "-X", "--parsable2", "-o", ",".join(_SACCT_FIELDS)
-    )
-    row = parse_sacct(sacct.stdout).get(job_id) if sacct and sacct.returncode == 0 else None
-    if row:
-        nodes = row["NodeList"] if row["NodeList"] not in ("", "None assigned") else "-"
-        return row["State"].split()[0], row["Elapsed"], nodes  # State: "CANCELLED by 0"
-    squeue = _slurm_command("squeue", "-j", job_id, "-h", "-o", "%T|%M|%N")
-    if squeue and squeue.returncode == 0 and squeue.stdout.strip():
-        state, elapsed, nodes = squeue.stdout.strip().splitlines()[0].split("|")
-        return state, elapsed, nodes or "-"
-    return None
-
-
-# Reasons a job waits that time will not cure: it asks for more than the partition, account or
-# QOS allows one job (not a group limit, which frees as other jobs end), or what no node has.
-_NEVER = ("PartitionNodeLimit", "PartitionTimeLimit", "PerJob", "BadConstraints", "Invalid")
-
-
-def pending_reason(job_id: str) -> str | None:
-    """Why a pending Slurm job waits, in Slurm's word and ours; None once it is not pending."""
-    squeue = _slurm_command("squeue", "-j", job_id, "-h", "-o", "%T|%r")
-    if not squeue or squeue.returncode or not squeue.stdout.startswith("PENDING|"):
-        return None
-    reason = squeue.stdout.strip().splitlines()[0].partition("|")[2]
-    if any(word in reason for word in _NEVER):
-        return f"{reason}: it will not start as asked; cancel it and ask for less, or elsewhere"
-    return reason
-
-
-def _slurm_command(*args: str) -> subprocess.CompletedProcess[str] | None:
-    try:
-        return subprocess.run(args, capture_output=True, text=True, timeout=_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
 
 
 def _folder_state(

@@ -3,37 +3,40 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import os
+import shlex
 import shutil
 import signal
 import sys
 import tempfile
 import time
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import submitit
 
-from launch.jobs import process_identity
-from train import factories, runfolder
-from train.config import (
-    DATASETS,
-    MODELS,
-    Backend,
-    Config,
-    ConfigError,
-    GpuBinding,
-    Mode,
+from core import datafiles, factories, runfolder, slurm, strategies
+from core.errors import KitError
+from core.settings.rules import (
     check_hardware,
     cpus_per_task,
-    per_gpu,
     signal_delay_s,
     tasks_per_node,
     world_size,
 )
-from train.errors import KitError
+from core.settings.schema import DATASETS, MODELS, Backend, Config, ConfigError, GpuBinding
+from launch.jobs import process_identity
+
+# What a job runs, named rather than imported: the launcher never loads the job's code (nor
+# torch); the job's own interpreter does, as `python -m train run` does under sbatch.
+JOB_MODULE = "train.job"
+# What submitit starts in each task, ahead of its own runner: the kit's start, which holds the
+# stop signals before anything loads (a warning during start-up must not end the job).
+TASK_PYTHON = f"{shlex.quote(sys.executable)} -u -m train.start"
 
 
 class Training(submitit.helpers.Checkpointable):
@@ -43,31 +46,24 @@ class Training(submitit.helpers.Checkpointable):
     agreed step first, and `checkpoint` resubmits the same run folder, which resumes from it.
     """
 
-    def __call__(self, run_dir: str) -> dict[str, Any] | None:
-        from train.job import run  # imported in the job: the launcher needs no torch for this
+    entry = "run"
 
-        return run(run_dir)
+    def __call__(self, run_dir: str) -> dict[str, Any] | None:
+        job = importlib.import_module(JOB_MODULE)
+        return typing.cast("dict[str, Any] | None", getattr(job, self.entry)(run_dir))
 
 
 class ArrayElement(Training):
     """One element of a sweep's array (see `train.job.run_array_element`)."""
 
-    def __call__(self, run_dir: str) -> dict[str, Any] | None:
-        from train.job import run_array_element
-
-        return run_array_element(run_dir)
+    entry = "run_array_element"
 
 
 def resolve_backend(name: Backend) -> Backend:
     """`auto` means Slurm where its client is installed and configured, else the local executor."""
     if name != Backend.auto:
         return name
-    return Backend.slurm if shutil.which("sbatch") and _slurm_configured() else Backend.local
-
-
-def _slurm_configured() -> bool:
-    conf = os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
-    return Path(conf).is_file() or Path("/etc/slurm-llnl/slurm.conf").is_file()
+    return Backend.slurm if slurm.available() else Backend.local
 
 
 def check_submission(cfg: Config, dry_run: bool = False) -> Backend:
@@ -96,8 +92,6 @@ def check_submission(cfg: Config, dry_run: bool = False) -> Backend:
 def _check_data(cfg: Config) -> None:
     """data.root must be a folder the job can read or make; a dataset the job cannot make
     (real MNIST) must be there now. The embedded datasets are written by the job if missing."""
-    from train import data
-
     root = runfolder.expand("data.root", cfg.data.root)
     existing = next(p for p in [root, *root.parents] if p.exists())
     if not existing.is_dir():
@@ -106,7 +100,7 @@ def _check_data(cfg: Config) -> None:
             "e.g. data.root=data"
         )
     if cfg.data.dataset == "mnist":
-        data.verify(root, "mnist")
+        datafiles.verify(root, "mnist")
 
 
 def _check_factories(cfg: Config) -> None:
@@ -156,7 +150,7 @@ def slurm_parameters(cfg: Config, run_name: str) -> dict[str, Any]:
     c = cfg.cluster
     gpus = (
         {"gpus_per_task": 1}
-        if per_gpu(cfg.mode) and c.gpu_binding == GpuBinding.task
+        if strategies.of(cfg).per_gpu and c.gpu_binding == GpuBinding.task
         else {"gpus_per_node": c.gpus_per_node}
     )
     optional = {
@@ -186,10 +180,12 @@ def slurm_parameters(cfg: Config, run_name: str) -> dict[str, Any]:
 def make_executor(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Executor:
     logs = runfolder.logs_dir(run_dir)
     if backend == Backend.slurm:
-        slurm = submitit.SlurmExecutor(folder=logs, max_num_timeout=cfg.cluster.max_requeues)
+        slurm = submitit.SlurmExecutor(
+            folder=logs, max_num_timeout=cfg.cluster.max_requeues, python=TASK_PYTHON
+        )
         slurm.update_parameters(**slurm_parameters(cfg, run_dir.name))
         return slurm
-    local = submitit.LocalExecutor(folder=logs)
+    local = submitit.LocalExecutor(folder=logs, python=TASK_PYTHON)
     local.update_parameters(
         timeout_min=cfg.cluster.timeout_min,
         tasks_per_node=world_size(cfg),
@@ -358,7 +354,8 @@ def follow(
     shown = 0
     progress = (lambda line: None) if quiet else say
     said, look = "", time.monotonic() + PENDING_LOOK_S
-    while not job.done():
+    slurm_says = _SlurmWord(job, run_dir, say)
+    while not job.done() or slurm_says.still_running():
         shown = _show_epochs(run_dir, shown, progress)
         if isinstance(job, submitit.SlurmJob) and time.monotonic() > look:
             said, look = _say_pending(job, run_dir, said, progress), look + PENDING_LOOK_S
@@ -370,7 +367,8 @@ def follow(
         first = runfolder.first_failure(run_dir)
         if first:  # the rank that failed first, not a peer that lost its connection to it
             say(f"job {job.job_id} failed: {runfolder.failure_words(first)}")
-            if not first.get("kit_error"):  # a bug, not a setting: where it happened helps
+            # A bug's traceback helps; a setting's message, or a lost peer's, says it all.
+            if not first.get("kit_error") and not runfolder.lost_peer(first):
                 say(first.get("traceback_tail", "").rstrip())
         else:
             say(f"job {job.job_id} failed: {err}")
@@ -381,15 +379,69 @@ def follow(
 
 
 PENDING_LOOK_S = 10  # how often --wait asks Slurm why a job has not started
+_STILL = (
+    "RUNNING",
+    "COMPLETING",
+    "PENDING",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "CONFIGURING",
+    "SUSPENDED",
+)
+
+
+class _SlurmWord:
+    """Slurm's verdict on a job whose rank 0 has ended: its result file says it failed while
+    Slurm may still run it (a node it cannot reach keeps the step alive until Slurm marks the
+    node down) and then requeue it. `--wait` follows the job until Slurm ends it, not rank 0."""
+
+    def __init__(self, job: submitit.Job[Any], run_dir: Path, say: Callable[[str], None]) -> None:
+        self.job, self.run_dir, self.say = job, run_dir, say
+        self.since: float | None = None  # when rank 0's end was first seen
+        self.last = ""
+        # Until when a job ended by a node's failure may still come back (requeued).
+        self.back_by: float | None = None
+
+    def still_running(self) -> bool:
+        if not isinstance(self.job, submitit.SlurmJob):
+            return False
+        found = slurm.state(str(self.job.job_id))
+        state = found.state if found else ""  # Slurm unreachable: rank 0's word stands
+        now = time.monotonic()
+        self.since = self.since or now
+        if state in _MAYBE_BACK:  # with --requeue, Slurm brings such a job back as PENDING
+            self.back_by = self.back_by or now + MAYBE_BACK_S
+            self._tell(state, "waiting to see whether Slurm requeues it")
+            return now < self.back_by
+        self.back_by = None
+        if state in _STILL and now - self.since > FOLLOW_GRACE_S:
+            running = state in ("RUNNING", "COMPLETING")
+            self._tell(state, "following it" if running else "requeued; following its next attempt")
+        return state in _STILL
+
+    def _tell(self, state: str, doing: str) -> None:
+        if state == self.last:
+            return
+        first = runfolder.first_failure(self.run_dir)
+        said = f" ({runfolder.failure_words(first).splitlines()[0][:300]})" if first else ""
+        lost = slurm.unanswering(runfolder.nodes_of(self.run_dir))
+        why = "".join(f"; node {node} is not answering Slurm ({w})" for node, w in lost.items())
+        self.say(
+            f"job {self.job.job_id}: rank 0 has ended{said}, but Slurm says {state}{why}: {doing}"
+        )
+        self.last = state
+
+
+_MAYBE_BACK = ("NODE_FAIL", "PREEMPTED")
+MAYBE_BACK_S = 120
+FOLLOW_GRACE_S = 10  # a job whose rank failed is COMPLETING for a moment: no word on that
 
 
 def _say_pending(
     job: submitit.Job[Any], run_dir: Path, said: str, say: Callable[[str], None]
 ) -> str:
     """Say why the job waits, when that changes (a job that can never start waits silently)."""
-    from launch.jobs import pending_reason
-
-    reason = pending_reason(str(job.job_id)) or ""
+    reason = slurm.pending_reason(str(job.job_id)) or ""
     if reason and reason != said:
         say(f"job {job.job_id} pending: {reason} (`python -m launch cancel {run_dir}`)")
     return reason
@@ -581,8 +633,9 @@ def _array_shape(cfgs: list[Config]) -> Config:
         raise ConfigError(
             f"a sweep's elements must share nodes, GPUs per node and binding; got {sorted(shapes)}"
         )
-    ddp = next((c for c in cfgs if per_gpu(c.mode)), cfgs[0])
-    if any(c.mode == Mode.dp for c in cfgs) and ddp.cluster.gpu_binding == GpuBinding.task:
+    ddp = next((c for c in cfgs if strategies.of(c).per_gpu), cfgs[0])
+    one_per_node = any(not strategies.of(c).per_gpu for c in cfgs)
+    if one_per_node and ddp.cluster.gpu_binding == GpuBinding.task:
         raise ConfigError(
             "a sweep with DP needs cluster.gpu_binding=node: DP's task must see all GPUs"
         )

@@ -1,19 +1,29 @@
 """Shared fixtures.
 
-Slurm: tests marked `slurm` run against one real test cluster (2 nodes x 4 fake GPUs, with
-accounting) that the session starts on first use and stops at the end. Where Slurm cannot be
-installed they are skipped, except on CI (CI=true), where that is a failure.
+`make test` runs the files in parallel workers (`pytest -n 3 --dist loadfile`: a file's tests run
+in one worker, so its module-scoped runs are made once). Runs that several files compare against
+are made once for all workers (`shared_runs`).
+
+Slurm: tests marked `slurm` run against a real test cluster (2 nodes x 4 fake GPUs, with
+accounting) that each worker starts on first use and stops at the end: the Slurm files run side
+by side, each cluster with ids of its own. Where Slurm cannot be installed they are skipped,
+except on CI (CI=true), where that is a failure.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import shutil
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
+from kit import SMALL, kit, run_folder
 from slurm_cluster import SlurmCluster, install
 
 
@@ -42,15 +52,18 @@ def _why_no_slurm() -> str | None:
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """One running 2-node cluster for the whole session, with SLURM_CONF exported in os.environ
-    (so subprocesses and submitit see it) until the session ends."""
+    """One running 2-node cluster for this worker's whole session (each worker that runs Slurm
+    tests starts its own), with SLURM_CONF exported in os.environ (so subprocesses and submitit
+    see it) until the session ends."""
     reason = _why_no_slurm()
     if reason is not None:
         slurm_unavailable(reason)
     # tmp_path_factory folders are short (/tmp/pytest-of-root/pytest-N/slurm0): fine for the
     # Unix sockets that live inside.
     folder: Path = tmp_path_factory.mktemp("slurm")
-    cluster = SlurmCluster.start(folder, nodes=2)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TESTCLUSTER_FIRST_JOB_ID", str(_first_job_id()))
+        cluster = SlurmCluster.start(folder, nodes=2)
     try:
         with pytest.MonkeyPatch.context() as patch:
             for name, value in cluster.env.items():
@@ -68,9 +81,78 @@ def _slurm_for_marked_tests(request: pytest.FixtureRequest) -> None:
         request.getfixturevalue("slurm_cluster")
 
 
+def _first_job_id() -> int:
+    """A first job id of this worker's own: two workers' clusters never hand out the same ids
+    at once (a job's port is derived from its id, and the nodes' addresses are the same)."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    clock = time.time_ns() // 10_000_000 % 5_000_000  # 100 ids a second, as start.sh's own
+    return 1000 + worker * 10_000_000 + clock
+
+
+class SharedRuns:
+    """Runs that several test files compare against, made once per pytest session by whichever
+    worker asks first; the others wait for it and take what it returned (kept as JSON)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def get(self, key: str, make: Callable[[Path], Any]) -> Any:
+        self.root.mkdir(parents=True, exist_ok=True)
+        result = self.root / f"{key}.json"
+        with (self.root / f"{key}.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the worker dies
+            if not result.is_file():  # a maker that failed left none: this one tries again
+                folder = self.root / key
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                result.write_text(json.dumps(make(folder)))
+            return json.loads(result.read_text())
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory: pytest.TempPathFactory) -> SharedRuns:
+    """Under xdist every worker's temporary root lies in one folder: the shared runs go there."""
+    base = tmp_path_factory.getbasetemp()
+    return SharedRuns((base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / "shared")
+
+
+@pytest.fixture(scope="session")
+def small_runs(shared_runs: SharedRuns) -> dict[str, Path]:
+    """Finished local runs of kit.SMALL on 2 ranks, made once for every file that reads them:
+    a DP and a DDP run of the same settings and a DP run of another global batch, in one
+    output.root. Tests that change a run change a copy."""
+    made = shared_runs.get("small_runs", _small_runs)
+    return {name: Path(path) for name, path in made.items()}
+
+
+def _small_runs(tmp: Path) -> dict[str, str]:
+    settings = {"dp": ["--mode", "dp"], "ddp": ["--mode", "ddp"],
+                "dp-256": ["--mode", "dp", "train.global_batch_size=256"]}  # fmt: skip
+    where = [f"output.root={tmp}/runs", f"data.root={tmp}/data", "cluster.backend=local"]
+    made = {}
+    for name, args in settings.items():
+        done = kit("launch", "submit", *args, *SMALL, "cluster.gpus_per_node=2", *where, "--wait")
+        assert done.returncode == 0, done.stdout + done.stderr
+        made[name] = str(run_folder(done.stdout))
+    return made
+
+
+# The files that take longest, started first: with `--dist loadfile` a worker takes the next file
+# in collection order as it frees, so a long file collected last would run on after the rest.
+LONGEST_FIRST = (
+    "test_requeue",
+    "test_workloads_script",
+    "test_netns",
+    "test_strategies_resume",
+    "test_strategies",
+    "test_resume",
+    "test_maxbatch",
+    "test_slurm_jobs",
+    "test_failures",
+    "test_local_jobs",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under `pytest -n 2 --dist loadgroup` (`make test`): every Slurm test runs in one worker,
-    one after another on the one test cluster, while the other worker runs the rest."""
-    for item in items:
-        if item.get_closest_marker("slurm") is not None:
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+    rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: files stay whole

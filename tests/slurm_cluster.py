@@ -14,24 +14,12 @@ import subprocess
 import time
 from pathlib import Path
 
+from core import slurm
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "slurm" / "testcluster"
 
-# sacct states after which a job never changes again (REQUEUED is not one: the job runs again).
-FINAL_STATES = frozenset(
-    {
-        "BOOT_FAIL",
-        "CANCELLED",
-        "COMPLETED",
-        "DEADLINE",
-        "FAILED",
-        "NODE_FAIL",
-        "OUT_OF_MEMORY",
-        "PREEMPTED",
-        "REVOKED",
-        "TIMEOUT",
-    }
-)
+FINAL_STATES = slurm.ENDED  # after which a job never changes again
 
 
 class SlurmClusterError(RuntimeError):

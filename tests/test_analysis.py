@@ -27,14 +27,10 @@ def _submit(tmp: Path, *args: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A DP and a DDP run of the same settings, and a DP run of another global batch."""
-    tmp = tmp_path_factory.mktemp("analysis")
-    return {
-        "dp": _submit(tmp, "--mode", "dp"),
-        "ddp": _submit(tmp, "--mode", "ddp"),
-        "dp-256": _submit(tmp, "--mode", "dp", "train.global_batch_size=256"),
-    }
+def runs(small_runs: dict[str, Path]) -> dict[str, Path]:
+    """A DP and a DDP run of the same settings, and a DP run of another global batch (made once
+    for every test file: conftest.small_runs)."""
+    return small_runs
 
 
 @pytest.fixture(scope="module")

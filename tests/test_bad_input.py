@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from kit import kit
+from kit import kit, kit_here
 
-from train import runfolder
-from train.config import load_config
+from core import runfolder
+from core.settings.loading import load_config
 from train.data import _write_idx, synthetic_digits
 
 NO_CUDA = not torch.cuda.is_available()
@@ -387,7 +387,7 @@ def test_bad_input_is_one_line_that_names_the_fix(
     tmp: Path, case: Case, command: tuple[str, ...]
 ) -> None:
     before = _listing(tmp)
-    done = kit(
+    done = kit_here(
         "launch",
         *command,
         *case.mode,
@@ -402,6 +402,35 @@ def test_bad_input_is_one_line_that_names_the_fix(
     assert done.stdout == ""  # no "submitted job", no run folder announced
     assert _listing(tmp) == before  # output.root, data.root: nothing made
     assert not Path("/proc/kit-test-runs").exists()
+
+
+# The catalogue runs each command's `main` in this interpreter (tests/kit.py: kit_here): these
+# cases show that a real process prints the same, with the same exit code.
+SAME_IN_A_PROCESS = ("lr=-1", "mode=xx", "dp on 2 nodes", "model factory not importable")
+
+
+@pytest.mark.parametrize(
+    ("case", "command"),
+    [(c, command) for c in CASES if c.id in SAME_IN_A_PROCESS for command in c.commands],
+    ids=lambda value: value.id if isinstance(value, Case) else "-".join(value),
+)
+def test_a_real_process_says_what_the_catalogue_saw(
+    tmp: Path, case: Case, command: tuple[str, ...]
+) -> None:
+    where = ["cluster.backend=local", f"output.root={tmp}/runs", f"data.root={tmp}/data"]
+    args = ("launch", *command, *case.mode, *where, *case.args)
+    here, there = kit_here(*args), kit(*args)
+    assert (there.returncode, there.stdout, _own(there.stderr)) == (
+        here.returncode,
+        here.stdout,
+        _own(here.stderr),
+    )
+    assert there.returncode == 2
+
+
+def _own(message: str) -> str:
+    """The message less the Python path it quotes, which is each interpreter's own."""
+    return message.split("Python path here:")[0]
 
 
 def test_empty_output_name_means_the_default(tmp_path: Path) -> None:

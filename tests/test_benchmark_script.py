@@ -15,6 +15,7 @@ def test_benchmark_script_on_cpu_reads_not_measured(tmp_path: Path) -> None:
         "data.train_size=512",
         "data.test_size=128",
         "train.epochs=2",
+        "cluster.gpus_per_node=2",  # after the script's own 4 CPU workers: the same commands
         f"data.root={tmp_path}/data",
     ]
     done = subprocess.run(
@@ -43,27 +44,3 @@ def test_benchmark_script_on_cpu_reads_not_measured(tmp_path: Path) -> None:
     util = next(v for k, v in rows.items() if k.startswith("GPU util main card"))
     assert util[:2] == ["n/m", "n/m"]
     assert float(next(v for k, v in rows.items() if k.startswith("seconds per epoch"))[0]) > 0
-
-
-def test_workloads_script_on_cpu_gives_one_table_per_workload(tmp_path: Path) -> None:
-    """docs/benchmarks/workloads.sh, at a tiny size: three workloads × five strategies, each a
-    group of its own with every strategy's column."""
-    tiny = ["data.train_size=256", "data.test_size=64", "train.epochs=1", f"data.root={tmp_path}"]
-    done = subprocess.run(
-        ["bash", str(REPO / "docs/benchmarks/workloads.sh"), str(tmp_path / "runs"), *tiny,
-         "train.global_batch_size=32"],
-        env={**os.environ, "KIT_PYTHON": sys.executable, "PYTHONPATH": str(REPO),
-             "CUDA_VISIBLE_DEVICES": ""},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0 and "run failed" not in done.stderr, done.stdout + done.stderr
-    table = kit("analysis", "summarize", str(tmp_path / "runs")).stdout
-    headings = [line for line in table.splitlines() if line.startswith("## Group")]
-    assert len(headings) == 3
-    assert "convnet" in headings[0] and "synthetic" in headings[0]
-    assert "resnet18" in headings[1] and "patterns 3×32² (10 classes)" in headings[1]
-    assert "patterns 1×28² (100000 classes)" in headings[2]
-    columns = "| metric | DP | DDP | DDP + bf16 hook | ZeRO | FSDP | DDP vs DP |"
-    assert table.count(columns) == 3, table

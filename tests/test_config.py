@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 from kit import REPO, kit
 
-from train.config import ConfigError, load_config, per_rank_batch, to_yaml, world_size
+from core.settings.loading import load_config, to_yaml
+from core.settings.rules import per_rank_batch, world_size
+from core.settings.schema import ConfigError
 from train.data import prepare_synthetic
 
 

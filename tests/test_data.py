@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from kit import kit
+from kit import kit, load_split
 
-from train.data import MEAN, STD, DataError, dataset_dir, load_split, prepare_synthetic, verify
+from core.datafiles import DataError, dataset_dir, verify
+from train.data import MEAN, STD, load_raw, prepare_synthetic
 
 
 def _digest(folder: Path) -> str:
@@ -18,11 +19,11 @@ def _digest(folder: Path) -> str:
     return hashlib.sha256(b"".join(p.read_bytes() for p in raw)).hexdigest()
 
 
-def test_synthetic_is_mnist_shaped_and_read_by_torchvision(tmp_path: Path) -> None:
+def test_synthetic_is_mnist_shaped_and_normalised_as_torchvision_would(tmp_path: Path) -> None:
     folder = prepare_synthetic(tmp_path / "s", seed=0, train_size=600, test_size=100)
     train, test = (
-        load_split(folder, "synthetic", train=True),
-        load_split(folder, "synthetic", train=False),
+        load_split(folder, train=True),
+        load_split(folder, train=False),
     )
     assert train.tensors[0].shape == (600, 1, 28, 28) and test.tensors[0].shape == (100, 1, 28, 28)
     assert set(train.tensors[1].tolist()) == set(range(10))
@@ -30,6 +31,20 @@ def test_synthetic_is_mnist_shaped_and_read_by_torchvision(tmp_path: Path) -> No
     pixels = torch.frombuffer(bytearray(raw), dtype=torch.uint8).float().reshape(600, 1, 28, 28)
     expected = (pixels / 255 - MEAN) / STD  # torchvision's ToTensor then Normalize(MEAN, STD)
     assert torch.allclose(train.tensors[0], expected)
+
+
+def test_the_kits_reader_gives_what_torchvisions_mnist_gives(tmp_path: Path) -> None:
+    """The jobs read the IDX files themselves (no torchvision import at start-up): the same
+    tensors, dtypes and shapes as torchvision's MNIST class reads from the same files."""
+    from torchvision.datasets import MNIST
+
+    folder = prepare_synthetic(tmp_path / "s", seed=3, train_size=300, test_size=70)
+    for train in (True, False):
+        images, labels = load_raw(folder, "synthetic", train=train)
+        theirs = MNIST(str(folder), train=train, download=False)
+        assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+        assert torch.equal(images, theirs.data.unsqueeze(1))
+        assert torch.equal(labels, theirs.targets.long())
 
 
 def test_synthetic_is_deterministic_from_its_seed(tmp_path: Path) -> None:
@@ -78,7 +93,7 @@ def test_prepare_data_command(tmp_path: Path) -> None:
 
 
 def test_metrics_reader_skips_what_it_cannot_read(tmp_path: Path) -> None:
-    from train.runfolder import RecordWriter, read_records
+    from core.runfolder import RecordWriter, read_records
 
     writer = RecordWriter(tmp_path, rank=0)
     writer.write("start", mode="ddp")
@@ -140,14 +155,14 @@ def test_device_loader_serves_a_resumed_epoch_in_chunks(
     import torch
     from torch.utils.data import DistributedSampler, TensorDataset
 
-    from train import data, job, loaders
+    from train import data, loaders, loop
 
     monkeypatch.setattr(loaders, "CHUNK_BATCHES", chunk)
     folder = prepare_synthetic(tmp_path / "digits", seed=3, train_size=300, test_size=10)
     images, labels = data.load_raw(folder, "synthetic", train=True)
     sampler = DistributedSampler(TensorDataset(labels), 2, 1, shuffle=True, seed=3)
     sampler.set_epoch(2)
-    order = job._ResumeSampler(sampler)
+    order = loop._ResumeSampler(sampler)
     order.skip = 40
     left = list(sampler)[40:]  # 110 indices: batches of 32, 32, 32, 14
     served = list(loaders.DeviceLoader(images, labels, order, 32, torch.device("cpu")))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import submitit
 
-from train.config import load_config
+from core.settings.loading import load_config
 from train.distenv import DistEnv, detect, first_host, port_for_job, tasks_on_node
 from train.job import LaunchError, check_launch
 

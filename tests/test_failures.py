@@ -6,26 +6,30 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
+import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
-from kit import REPO, SMALL, kit, run_folder
+from kit import REPO, SMALL, kit, run_folder, wait_for
+from slurm_cluster import SlurmCluster
 
-from train import runfolder
+from core import runfolder
 
 # Loaded by every Python process started with it on PYTHONPATH: rank 1 of a job raises in its
 # first epoch, as a bug in one rank's code would.
 HOOK = """
 import os
 if os.environ.get("SUBMITIT_LOCAL_GLOBALID") == os.environ.get("KIT_TEST_FAILING_RANK"):
-    import train.job
+    import train.loop
 
     def _fail(*args, **kwargs):
         raise RuntimeError("injected failure in this rank")
 
-    train.job._train_epoch = _fail
+    train.loop._train_epoch = _fail
 """
 
 
@@ -85,3 +89,74 @@ def test_a_stalled_rank_ends_the_job_in_time_and_is_named(tmp_path: Path, backen
     status = kit("launch", "status", str(run_dir)).stdout
     assert " FAILED " in status and f"{run_dir.name}: rank 1 on " in status, status
     assert "stopped answering" in status
+
+
+@pytest.mark.slurm
+def test_a_rank_of_the_second_node_ended_by_a_signal_is_the_one_named(
+    slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1, alone on the second node, aborted, killed, segfaulted or stopped dead, one job
+    each (at once): the job ends FAILED in time and status names rank 1 on that node, not rank
+    0, which srun ends for the job's sake. SIGABRT on the sbatch script's path, the others on
+    `launch submit`'s."""
+    monkeypatch.setenv("KIT_PYTHON", sys.executable)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    work = ["data.train_size=2048", "data.test_size=256", "train.epochs=50", "dist.timeout_s=10"]
+    runs: dict[signal.Signals, Path] = {}
+    for signum in (signal.SIGKILL, signal.SIGSEGV, signal.SIGSTOP):
+        where = [f"output.root={tmp_path}/{signum.name}", f"data.root={tmp_path}/data"]
+        done = kit(
+            "launch", "submit", "--mode", "ddp", "--nodes", "2", "cluster.backend=slurm",
+            "cluster.gpus_per_node=1", "cluster.cpus_per_task=1", *work, *where,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        runs[signum] = run_folder(done.stdout)
+    sbatch = slurm_cluster.run(
+        "sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1",
+        "--cpus-per-task=1", f"--output={tmp_path}/slurm-%j.out", str(REPO / "slurm/ddp.sbatch"),
+        *work, f"output.root={tmp_path}/SIGABRT", f"data.root={tmp_path}/data",
+    )  # fmt: skip
+    assert sbatch.returncode == 0, sbatch.stderr
+    assert wait_for(lambda: bool(runfolder.find_runs(tmp_path / "SIGABRT")), 120), "no run folder"
+    runs[signal.SIGABRT] = runfolder.find_runs(tmp_path / "SIGABRT")[0]
+    for signum, run_dir in runs.items():
+        assert wait_for(partial(_trained, run_dir), 300), f"{signum.name}: no first epoch"
+        start = runfolder.of_kind(runfolder.read_rank(run_dir, 1), "start")[-1]
+        assert start["node"] == "127.0.0.12"  # the second node
+        os.kill(start["pid"], signum)
+    no_sacct = _without_accounting(tmp_path / "bin")
+    words = {
+        signal.SIGABRT: "aborted",
+        signal.SIGKILL: "killed",
+        signal.SIGSEGV: "segmentation fault",
+        signal.SIGSTOP: "stopped answering",
+    }
+    try:
+        for signum, run_dir in runs.items():
+            assert wait_for(partial(_failed, run_dir), 120), f"{signum.name}: not FAILED in 120 s"
+            named = f"{run_dir.name}: rank 1 on 127.0.0.12 failed first: "
+            for path in (os.environ["PATH"], no_sacct):  # a cluster without accounting too
+                status = kit("launch", "status", str(run_dir), env={"PATH": path}).stdout
+                assert " FAILED " in status, (signum, path, status)
+                assert named in status and words[signum] in status, (signum, path, status)
+    finally:
+        for run_dir in runs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(runfolder.of_kind(runfolder.read_rank(run_dir, 1), "start")[-1]["pid"], 9)
+
+
+def _without_accounting(folder: Path) -> str:
+    """A PATH whose Slurm has no accounting: every client command but `sacct`."""
+    folder.mkdir()
+    for command in ("squeue", "scontrol", "scancel", "sbatch", "sinfo"):
+        if found := shutil.which(command):
+            (folder / command).symlink_to(found)
+    return str(folder)
+
+
+def _trained(run_dir: Path) -> bool:
+    return bool(runfolder.of_kind(runfolder.read_rank(run_dir, 0), "epoch"))
+
+
+def _failed(run_dir: Path) -> bool:
+    return " FAILED " in kit("launch", "status", str(run_dir)).stdout

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from kit import REPO, SMALL, alive, kit, run_folder, wait_for
 
-from train import runfolder
+from core import runfolder
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -45,6 +45,12 @@ def _edit_meta(run_dir: Path, **fields: object) -> None:
     scratch.replace(run_dir / "run.json")
 
 
+def _as_a_terminal_starts_it() -> None:
+    """A shell's foreground command starts with SIGINT at its default, whatever this test
+    process inherited (the kit keeps an ignored SIGINT ignored, as a background job's)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Following:
     """`launch submit … --wait` started as a terminal starts a foreground command: in a process
     group of its own, which the job's controller and ranks join (the terminal's Ctrl-C goes to
@@ -60,6 +66,7 @@ class Following:
                 stdout=out,
                 stderr=err,
                 start_new_session=True,
+                preexec_fn=_as_a_terminal_starts_it,
             )
         assert wait_for(lambda: "run folder: " in self.out.read_text(), 120), self.output()
         self.run_dir = run_folder(self.out.read_text())

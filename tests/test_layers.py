@@ -1,5 +1,7 @@
-"""The code's shape, checked: imports go analysis → launch → train, readers start without torch,
-and only train/runfolder.py spells the run folder's file names."""
+"""The code's shape, checked: imports go analysis → launch → core and train → core, the launcher
+and the analysis start without torch (and so does every module of core), only
+core/runfolder.py spells the run folder's file names, only core/slurm.py runs Slurm's commands,
+and no part of the kit but a strategy's own module names a strategy."""
 
 from __future__ import annotations
 
@@ -11,12 +13,19 @@ from pathlib import Path
 import pytest
 from kit import REPO
 
-LAYERS = {"train": set(), "launch": {"train"}, "analysis": {"train", "launch"}}
+from core import strategies
+
+LAYERS = {"core": set(), "train": {"core"}, "launch": {"core"}, "analysis": {"core", "launch"}}
 RUN_FOLDER_NAMES = ("config.yaml", "run.json", "rank-", "metrics/", "checkpoints/", "_log.out")
+SLURM_COMMANDS = ("sacct", "squeue", "scontrol", "scancel", "sinfo")
 
 
 def _modules(package: str) -> list[Path]:
-    return sorted((REPO / package).glob("*.py"))
+    return sorted((REPO / package).rglob("*.py"))
+
+
+def _all_modules() -> list[Path]:
+    return [path for package in LAYERS for path in _modules(package)]
 
 
 def _imported_packages(path: Path) -> set[str]:
@@ -29,6 +38,14 @@ def _imported_packages(path: Path) -> set[str]:
     return found & set(LAYERS)
 
 
+def _strings(path: Path) -> list[str]:
+    return [
+        node.value
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
+
+
 @pytest.mark.parametrize("package", list(LAYERS))
 def test_imports_go_one_way(package: str) -> None:
     for path in _modules(package):
@@ -36,26 +53,54 @@ def test_imports_go_one_way(package: str) -> None:
         assert not upward, f"{path.relative_to(REPO)} imports {sorted(upward)}"
 
 
-def test_status_config_logs_and_analysis_start_without_torch() -> None:
-    code = (
-        "import sys, launch.cli, launch.jobs, analysis.load, analysis.table, analysis.__main__;"
-        "sys.exit('torch' in sys.modules)"
-    )
+def test_launcher_analysis_and_core_start_without_torch() -> None:
+    core = [
+        ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        for path in _modules("core")
+    ]
+    readers = ["launch.cli", "launch.jobs", "launch.submit", "analysis.__main__", "analysis.plot"]
+    code = f"import sys, {', '.join(core + readers)}; sys.exit('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr or "torch was imported"
 
 
 def test_only_the_run_folder_module_spells_its_file_names() -> None:
-    owner = REPO / "train" / "runfolder.py"
-    for path in [p for package in LAYERS for p in _modules(package) if p != owner]:
-        strings = [
-            node.value
-            for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Constant) and isinstance(node.value, str)
-        ]
+    owner = REPO / "core" / "runfolder.py"
+    for path in [p for p in _all_modules() if p != owner]:
         for name in RUN_FOLDER_NAMES:
-            assert not any(name in s for s in strings), f"{path.relative_to(REPO)} spells {name!r}"
+            assert not any(name in s for s in _strings(path)), (
+                f"{path.relative_to(REPO)} spells {name!r}"
+            )
     for script in (REPO / "slurm").glob("*.sbatch"):
         lines = script.read_text().splitlines()
         body = "\n".join(line for line in lines if not line.startswith("#"))
         assert "launch prepare --shell" in body and "/logs" not in body, script.name
+
+
+def test_only_the_slurm_module_runs_slurm_commands() -> None:
+    owner = REPO / "core" / "slurm.py"
+    for path in [p for p in _all_modules() if p != owner]:
+        source = path.read_text()
+        assert "subprocess" not in source, f"{path.relative_to(REPO)} runs a command itself"
+        for command in SLURM_COMMANDS:
+            assert command not in _strings(path), f"{path.relative_to(REPO)} runs {command}"
+
+
+def test_only_a_strategy_names_itself() -> None:
+    """Submission, the job, the settings and the table ask the strategy: none compares its
+    name. (The table's article pair and baseline come from the strategies' own flags.)"""
+    owners = {REPO / "core" / "strategies" / f"{name}.py" for name in strategies.names()}
+    owners.add(REPO / "core" / "settings" / "schema.py")  # the default of `mode`
+    for path in [p for p in _all_modules() if p not in owners]:
+        named = set(_strings(path)) & set(strategies.names())
+        assert not named, f"{path.relative_to(REPO)} spells the strategy {sorted(named)}"
+
+
+def test_the_registry_holds_one_strategy_per_module() -> None:
+    modules = {p.stem for p in (REPO / "core" / "strategies").glob("*.py")} - {"__init__", "base"}
+    assert set(strategies.names()) == modules
+    assert [s.order for s in strategies.STRATEGIES.values()] == sorted(
+        s.order for s in strategies.STRATEGIES.values()
+    )
+    # The table's article comparison: exactly two strategies always shown (DP, then DDP).
+    assert [c.key for c in strategies.columns() if c.always_shown] == ["dp", "ddp"]

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from kit import SMALL, kit, records, run_folder
+from kit import SMALL, kit, load_split, records, run_folder
 
-from train.data import load_split
+from core import strategies
 from train.model import ConvNet
 
 # torchrun's variables left over in a user's shell: every local job inherits them, and must not
@@ -103,14 +103,14 @@ def test_dp_is_one_process_holding_the_whole_batch(runs: dict[str, tuple[Path, s
     assert not (run_dir / "metrics" / "rank-00001.jsonl").exists()
 
 
-@pytest.mark.parametrize("name", ["dp", "ddp"])
+@pytest.mark.parametrize("name", [c.key for c in strategies.columns() if c.always_shown])
 def test_checkpoint_loads_into_a_bare_model(runs: dict[str, tuple[Path, str]], name: str) -> None:
     run_dir, _ = runs[name]
     model = ConvNet()
     model.load_state_dict(
         torch.load(run_dir / "checkpoints" / "model.pt")
     )  # strict: no `module.` keys
-    test = load_split(next((run_dir.parent.parent / "data").iterdir()), "synthetic", train=False)
+    test = load_split(next((run_dir.parent.parent / "data").iterdir()), train=False)
     model.eval()
     with torch.no_grad():
         accuracy = (model(test.tensors[0]).argmax(1) == test.tensors[1]).float().mean().item()

@@ -21,13 +21,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from train import maxbatch
-from train.config import load_config
-from train.errors import KitError
+from core import strategies
+from core.errors import KitError
+from core.settings.loading import load_config
+from train import largest_batch
 
 LIMIT = 700  # samples per rank past which rank 1's model fails
 SHAPE, CLASSES = (1, 4, 4), 3
-SETTINGS = ["train.global_batch_size=64", "dist.timeout_s=60"]
+# The search starts at 512: one doubling to the limit and its bisection, in few trials.
+SETTINGS = ["train.global_batch_size=512", "dist.timeout_s=60"]
 
 
 class Fragile(nn.Module):
@@ -87,9 +89,11 @@ def _job_process(rank: int, world: int, port: int, settings: list[str], out: Any
         dist.init_process_group("gloo", init_method="env://")
     cfg = load_config(None, settings)
     store = ("127.0.0.1", port) if world > 1 else None
-    spec = maxbatch.Spec(cfg, rank, world, "cpu", 0, SHAPE, CLASSES, 1, store, "gloo")
+    spec = largest_batch.Spec(cfg, rank, world, "cpu", 0, SHAPE, CLASSES, 1, store, "gloo")
     try:
-        found, trials = maxbatch.search(maxbatch.Trials(spec), cfg.train.global_batch_size, world)
+        found, trials = largest_batch.search(
+            largest_batch.Trials(spec), cfg.train.global_batch_size, world
+        )
         out.put((rank, found, trials))
     except KitError as err:
         out.put((rank, None, str(err)))
@@ -123,11 +127,10 @@ def _search(*settings: str, world: int = 2) -> dict[int, tuple[Any, Any]]:
     return results
 
 
+# Every strategy with a process per GPU (from the registry), and one with a communication hook.
 STRATEGIES = {
-    "ddp": ["mode=ddp"],
+    **{s.name: [f"mode={s.name}"] for s in strategies.STRATEGIES.values() if s.per_gpu},
     "ddp+bf16": ["mode=ddp", "dist.comm_hook=bf16"],
-    "zero": ["mode=zero"],
-    "fsdp": ["mode=fsdp"],
 }
 
 
@@ -137,14 +140,14 @@ def test_a_rank_out_of_memory_ends_the_trial_on_every_rank(strategy: str) -> Non
     (found, trials), other = results[0], results[1]
     assert other == results[0]  # both ranks agree on every trial and the answer
     limit = 2 * LIMIT  # global: two ranks
-    assert found is not None and limit * (1 - maxbatch.TOLERANCE) <= found <= limit
+    assert found is not None and limit * (1 - largest_batch.TOLERANCE) <= found <= limit
     assert [t["fits"] for t in trials] == [t["global_batch"] <= limit for t in trials]
     assert sum(not t["fits"] for t in trials) >= 2  # the search went on past failures
 
 
 def test_one_process_dp_search_recovers_from_out_of_memory() -> None:
     (found, trials) = _search("model.name=test_maxbatch:oom_on_rank1", "mode=dp", world=1)[0]
-    assert found is not None and LIMIT * (1 - maxbatch.TOLERANCE) <= found <= LIMIT
+    assert found is not None and LIMIT * (1 - largest_batch.TOLERANCE) <= found <= LIMIT
     assert sum(not t["fits"] for t in trials) >= 2
 
 

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from kit import REPO
+from kit import REPO, kit_here
 
-from train import runfolder
-from train.config import load_config
+from core import runfolder
+from core.settings.loading import load_config
 
 
 def test_a_run_is_never_replaced_by_a_new_one(
@@ -166,6 +166,26 @@ def test_status_without_slurm_reads_the_state_from_the_run_folder(
     assert status(run_dir).state == expected
 
 
+def test_status_says_what_a_run_noticed_and_how_to_go_on_after_its_last_requeue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
+    cfg = load_config(overrides=[f"output.root={tmp_path}/runs", "cluster.max_requeues=2"])
+    run_dir = runfolder.create(cfg, launcher="test", backend="slurm", command=[])
+    runfolder.update_meta(run_dir, job_id="4242")
+    ranks = runfolder.RecordWriter(run_dir, 0)
+    ranks.write("start", host="node1", epochs=10, first_epoch=1, restarts=2)
+    ranks.write("notice", text="the time-limit warning came with 58 s of the job's 60 s left")
+    ranks.write("stop", reason="time limit (SIGUSR2)", requeue=None, requeues_used=2)
+    out = kit_here("launch", "status", str(run_dir)).stdout
+    assert " TIMEOUT " in out
+    assert f"{run_dir.name}: the time-limit warning came with 58 s of the job's 60 s left\n" in out
+    assert (
+        f"{run_dir.name}: stopped at its time limit after 2 requeue(s) (cluster.max_requeues=2): "
+        f"continue with `python -m launch resume {run_dir}`"
+    ) in out
+
+
 @pytest.mark.parametrize(
     ("errors", "named", "words"),
     [
@@ -195,20 +215,99 @@ def test_the_rank_that_failed_first_is_named(
     assert first is not None and first["rank"] == named and words in first["error"]
 
 
+def test_a_rank_that_stood_still_is_named_though_it_timed_out_like_its_peers(
+    tmp_path: Path,
+) -> None:
+    """Woken by Slurm after a SIGSTOP, the stalled rank's own collective times out at once."""
+    cfg = load_config(overrides=[f"output.root={tmp_path}/runs"])
+    run_dir = runfolder.create(cfg, launcher="test", backend="slurm", command=[])
+    for rank, still in ((0, 0.2), (1, 31.0)):
+        writer = runfolder.RecordWriter(run_dir, rank)
+        writer.write("start", host="node1", epochs=5)
+        writer.write(
+            "error",
+            host="node1",
+            error="RuntimeError: Timed out waiting 10000ms",
+            stood_still_s=still,
+        )
+    first = runfolder.first_failure(run_dir)
+    assert first is not None and first["rank"] == 1 and "stood still for 31 s" in first["error"]
+
+
+SRUN_ABORT = """srun: error: node2: task 2: Aborted (core dumped)
+srun: launch/slurm: _step_signal: Terminating StepId=7.0
+srun: error: node1: task 0: Killed
+srun: error: node1: task 1: Exited with exit code 1
+"""
+
+
+@pytest.mark.parametrize(
+    ("srun", "errors", "named", "words"),
+    [
+        (  # killed by srun for the job's sake, rank 0 is silent, and rank 1 echoes a lost peer
+            SRUN_ABORT,
+            {1: "RuntimeError: Connection closed by peer"},
+            2,
+            "aborted (core dumped) (as srun reports it): it recorded no error",
+        ),
+        (  # a peer's odd error does not outrank srun's word on a signal
+            SRUN_ABORT,
+            {1: "RuntimeError: gloo read error"},
+            2,
+            "aborted",
+        ),
+        (  # a requeued attempt appended: the last terminated step counts
+            "srun: error: node1: task 0: Killed\nsrun: Job step aborted\n" + SRUN_ABORT,
+            {},
+            2,
+            "aborted",
+        ),
+        (  # a stalled rank: its peers time out and exit first; their records decide
+            "srun: error: node1: task 0: Exited with exit code 1\n"
+            "srun: launch/slurm: _step_signal: Terminating StepId=7.0\n"
+            "srun: error: node2: task 2: Killed\n",
+            {0: "RuntimeError: Timed out waiting 10000ms", 1: "RuntimeError: Timed out waiting"},
+            2,
+            "stopped answering",
+        ),
+        (  # nobody wrote a word: srun's first bad exit
+            "srun: error: node2: task 1: Exited with exit code 3\n"
+            "srun: launch/slurm: _step_signal: Terminating StepId=7.0\n",
+            {},
+            1,
+            "exited with exit code 3",
+        ),
+    ],
+)
+def test_srun_names_the_rank_a_signal_ended(
+    tmp_path: Path, srun: str, errors: dict[int, str], named: int, words: str
+) -> None:
+    """srun's own messages, as the sbatch scripts keep them in logs/srun.err."""
+    cfg = load_config(overrides=[f"output.root={tmp_path}/runs"])
+    run_dir = runfolder.create(cfg, launcher="sbatch", backend="slurm", command=[])
+    (runfolder.logs_dir(run_dir) / runfolder.SRUN_LOG).write_text(srun)
+    for rank in range(3):
+        runfolder.RecordWriter(run_dir, rank).write("start", host=f"node{rank}", epochs=5)
+    for rank, error in errors.items():
+        runfolder.RecordWriter(run_dir, rank).write("error", host=f"node{rank}", error=error)
+    first = runfolder.first_failure(run_dir)
+    assert first is not None and first["rank"] == named and words in first["error"], first
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
 def test_a_damaged_saved_state_is_one_line_naming_the_file(tmp_path: Path, damage: str) -> None:
     import torch
 
-    from train import resume
+    from train import checkpoint
 
     cfg = load_config(overrides=[f"output.root={tmp_path}"])
     path = runfolder.state_path(tmp_path)
     path.parent.mkdir(parents=True)
-    torch.save({"config_sha256": resume.config_hash(cfg), "ranks": [{}]}, path)
+    torch.save({"config_sha256": checkpoint.config_hash(cfg), "ranks": [{}]}, path)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"\x00garbage" * 99)
     with pytest.raises(runfolder.RunFolderError, match=r"cannot be read .* start a new run"):
-        resume.load(tmp_path, cfg, rank=0, world_size=1)
+        checkpoint.load(tmp_path, cfg, rank=0, world_size=1)
 
 
 def test_a_run_made_by_sbatch_then_resumed_shows_both_jobs_logs(tmp_path: Path) -> None:
@@ -230,11 +329,11 @@ def test_a_save_on_a_full_disk_says_so_and_keeps_the_state_saved_before(tmp_path
     path.write_bytes(b"the state saved before")
     script = f"""
 import resource, torch
-from train import resume
+from train import checkpoint
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
 try:
-    resume._write(__import__("pathlib").Path({str(path)!r}), torch.zeros(1 << 20))
-except resume.runfolder.RunFolderError as err:
+    checkpoint._write(__import__("pathlib").Path({str(path)!r}), torch.zeros(1 << 20))
+except checkpoint.runfolder.RunFolderError as err:
     print(err)
 """
     done = subprocess.run(

@@ -271,7 +271,9 @@ def test_status_cancel_and_logs(slurm_cluster: SlurmCluster, tmp_path: Path) -> 
     job_id = json.loads((run_dir / "run.json").read_text())["job_id"]
     assert wait_job(job_id, timeout=60, env=slurm_cluster.env) == "CANCELLED"
     written = _kit_files(run_dir)
-    assert " CANCELLED " in kit("launch", "status", str(run_dir)).stdout
+    status = kit("launch", "status", str(run_dir)).stdout
+    assert " CANCELLED " in status, status
+    assert len(status.splitlines()) == 2, status  # the user's cancel is no rank's failure
     deadline = time.monotonic() + 15
     while _tasks_of(run_dir) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -448,7 +450,12 @@ def test_wait_says_why_a_job_that_cannot_start_waits(
     args = [*SUBMIT_DDP, "--nodes", "3", batch, *_kit_env(tmp_path), "--wait"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     with subprocess.Popen(
-        [sys.executable, "-m", *args], cwd=REPO, env=env, text=True, stdout=subprocess.PIPE
+        [sys.executable, "-m", *args],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal would
     ) as waiting:
         assert waiting.stdout is not None
         silent = threading.Timer(60, waiting.send_signal, [signal.SIGINT])  # no third line

@@ -20,7 +20,7 @@ from types import ModuleType
 
 import pandas as pd
 import pytest
-from kit import REPO, SMALL, kit, run_folder
+from kit import REPO, kit
 
 from analysis import load
 
@@ -37,20 +37,10 @@ def _benchmark_script() -> ModuleType:
 speed = _benchmark_script()
 
 
-def _submit(tmp: Path, mode: str) -> Path:
-    where = [f"output.root={tmp}/runs", f"data.root={tmp}/data", "cluster.backend=local"]
-    done = kit(
-        "launch", "submit", "--mode", mode, *SMALL, "cluster.gpus_per_node=2", *where, "--wait"
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return run_folder(done.stdout)
-
-
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+def sources(small_runs: dict[str, Path]) -> list[Path]:
     """A finished DP run and a finished DDP run of the same settings: one group."""
-    tmp = tmp_path_factory.mktemp("sources")
-    return [_submit(tmp, "dp"), _submit(tmp, "ddp")]
+    return [small_runs["dp"], small_runs["ddp"]]
 
 
 def _summarize(root: Path) -> str:

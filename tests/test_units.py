@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from kit import REPO, SMALL, alive, kit, records, run_folder, wait_for
 
+from core.settings.schema import ConfigError
+from core.slurm import parse_sacct
 from launch.cli import grid
-from launch.jobs import parse_sacct
-from train import maxbatch
-from train.config import ConfigError
-from train.maxbatch import CEILING, TOLERANCE, search
+from train import largest_batch
+from train.largest_batch import CEILING, TOLERANCE, search
 
-# --- maxbatch.search -----------------------------------------------------------------------
+# --- largest_batch.search -----------------------------------------------------------------------
 
 
 class Limit:
@@ -88,13 +88,13 @@ def test_search_stops_at_the_ceiling() -> None:
 
 
 def test_search_ceiling_is_the_module_constant(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(maxbatch, "CEILING", 1000)
+    monkeypatch.setattr(largest_batch, "CEILING", 1000)
     found, trials = search(Limit(float("inf")), start=100, unit=10)
     assert found == 800 and [t["global_batch"] for t in trials] == [100, 200, 400, 800]
 
 
 def test_search_starting_past_the_ceiling_starts_at_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(maxbatch, "CEILING", 1000)
+    monkeypatch.setattr(largest_batch, "CEILING", 1000)
     found, trials = search(Limit(float("inf")), start=5000, unit=8)
     assert found == 1000 and [t["global_batch"] for t in trials] == [1000]
     found, trials = search(Limit(600), start=5000, unit=8)
@@ -129,7 +129,7 @@ def test_grid_refuses_a_bad_item(item: str) -> None:
         grid(["b=1", item])
 
 
-# --- launch.jobs.parse_sacct ---------------------------------------------------------------
+# --- core.slurm.parse_sacct -----------------------------------------------------------------
 
 SACCT = """\
 JobID|State|Elapsed|NodeList
@@ -243,8 +243,8 @@ def test_local_cancel_ends_a_running_job(tmp_path: Path) -> None:
     tasks: list[int] = []
     try:
         assert _state(run_dir) == "RUNNING"
-        started = run_dir / "metrics" / "rank-00001.jsonl"
-        assert wait_for(started.is_file, 60), "the tasks never started"
+        started = [run_dir / "metrics" / f"rank-{rank:05d}.jsonl" for rank in (0, 1)]
+        assert wait_for(lambda: all(p.is_file() for p in started), 60), "the tasks never started"
         tasks = _children(pid)
         assert len(tasks) == 2  # one per rank
 
@@ -312,8 +312,8 @@ def test_a_local_sweep_with_a_failed_run_says_which_and_exits_1(tmp_path: Path) 
     tests = Path(__file__).parent
     done = kit(
         "launch", "sweep", "--modes", "ddp", "--grid", "model.name=convnet,test_units:broken_model",
-        *LOCAL, *SMALL_NO_EPOCHS, f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data",
-        env={"PYTHONPATH": os.pathsep.join([str(tests), str(REPO)])},
+        *LOCAL, *SMALL_NO_EPOCHS, "train.epochs=1", f"output.root={tmp_path}/runs",
+        f"data.root={tmp_path}/data", env={"PYTHONPATH": os.pathsep.join([str(tests), str(REPO)])},
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.count("submitted job ") == 2
@@ -398,7 +398,7 @@ def test_largest_batch_result_in_words(
 def test_ctrl_c_in_any_command_is_one_line_and_exit_130(capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from train.errors import run_cli
+    from core.cli import run_cli
 
     def interrupted(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt

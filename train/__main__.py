@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from train import early
+
+if "run" in sys.argv[1:]:  # a job's process: its warning or preemption may come during imports
+    early.hold()
+
+import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from train.errors import ArgumentParser, add_common_flags, main_of
+from core.cli import ArgumentParser, add_common_flags, main_of
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,19 +53,20 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
+    from core import datafiles
+    from core.settings.loading import load_config
     from train import data
-    from train.config import load_config
 
     cfg = load_config(args.config_file, args.overrides)
     d = cfg.data
     if d.dataset == "mnist":
-        data.verify(Path(d.root), d.dataset)
+        datafiles.verify(Path(d.root), d.dataset)
         print(f"{d.root}: MNIST is in place")
         return 0
     if d.dataset != "synthetic":
         print(f"data.dataset={d.dataset} is made in each job's memory: nothing to prepare")
         return 0
-    folder = data.dataset_dir(d.dataset, d.root, cfg.train.seed, d.train_size, d.test_size)
+    folder = datafiles.dataset_dir(d.dataset, d.root, cfg.train.seed, d.train_size, d.test_size)
     written = data.prepare_synthetic(folder, cfg.train.seed, d.train_size, d.test_size)
     print(f"synthetic digits in {written}")
     return 0

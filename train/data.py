@@ -1,7 +1,9 @@
 """Datasets: real MNIST (fetched on a machine with internet) or the embedded synthetic digits.
 
-Both live in MNIST's IDX layout (ROOT/MNIST/raw/*-ubyte) and are read by torchvision's own MNIST
-reader, so the synthetic default exercises exactly the code path real MNIST takes.
+Both live in MNIST's IDX layout (ROOT/MNIST/raw/*-ubyte) and are read by one reader, so the
+synthetic default exercises exactly the code path real MNIST takes. The reader is the kit's own
+(the tensors torchvision's MNIST class gives, tested): importing torchvision costs each rank
+about 1.7 s of CPU at start-up, and only the ResNet workload needs it.
 """
 
 from __future__ import annotations
@@ -16,19 +18,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from train.errors import KitError
+from core.datafiles import (
+    FILES,
+    IMAGE_MAGIC,
+    LABEL_MAGIC,
+    SYNTHETIC_VERSION,
+    DataError,
+    verify,
+)
 
 if TYPE_CHECKING:  # torch is imported where data is loaded: the checks run without it
     import torch
 
-IMAGE_MAGIC, LABEL_MAGIC = 0x00000803, 0x00000801
-FILES = {
-    ("train", "images"): "train-images-idx3-ubyte",
-    ("train", "labels"): "train-labels-idx1-ubyte",
-    ("test", "images"): "t10k-images-idx3-ubyte",
-    ("test", "labels"): "t10k-labels-idx1-ubyte",
-}
-SYNTHETIC_VERSION = 2  # raise it whenever `synthetic_digits` draws differently
 MEAN, STD = 0.1307, 0.3081  # MNIST's pixel statistics, as in pytorch/examples
 
 # 5×7 bitmaps of the digits 0–9: the strokes the synthetic images are drawn from.
@@ -44,18 +45,6 @@ _GLYPHS = [
     "01110 10001 10001 01110 10001 10001 01110",
     "01110 10001 10001 01111 00001 00010 01100",
 ]
-
-
-class DataError(KitError):
-    """The dataset is missing or damaged; the message says how to get a good copy."""
-
-
-def dataset_dir(dataset: str, root: str | Path, seed: int, train_size: int, test_size: int) -> Path:
-    """The folder torchvision's MNIST(root=...) is pointed at."""
-    if dataset == "mnist":
-        return Path(root)
-    # The generator's version in the name: a copy made by an older kit is never read as this one.
-    return Path(root) / f"synthetic-v{SYNTHETIC_VERSION}-seed{seed}-{train_size}-{test_size}"
 
 
 def prepare_synthetic(folder: Path, seed: int, train_size: int, test_size: int) -> Path:
@@ -189,62 +178,6 @@ def _write_idx(raw: Path, split: str, images: np.ndarray, labels: np.ndarray) ->
     )
 
 
-def verify(folder: Path, dataset: str) -> None:
-    """Check the four IDX files: sound headers, the sizes they promise, one label per image,
-    labels 0–9. Reads the label files whole (small); the images only by their size."""
-    raw = folder / "MNIST" / "raw"
-    for split in ("train", "test"):
-        counts = [
-            _checked_count(raw / FILES[(split, kind)], kind, folder, dataset)
-            for kind in ("images", "labels")
-        ]
-        if counts[0] != counts[1]:
-            raise DataError(
-                f"{raw}: the {split} split has {counts[0]} images ({FILES[(split, 'images')]}) but "
-                f"{counts[1]} labels ({FILES[(split, 'labels')]}). {_fix(folder, dataset)}"
-            )
-        labels = np.fromfile(raw / FILES[(split, "labels")], dtype=np.uint8, offset=8)
-        if labels.size and labels.max() > 9:
-            raise DataError(
-                f"{raw / FILES[(split, 'labels')]} holds label {labels.max()}; digits are 0–9. "
-                f"{_fix(folder, dataset)}"
-            )
-
-
-def _checked_count(path: Path, kind: str, folder: Path, dataset: str) -> int:
-    if not path.is_file():
-        raise DataError(f"{path} is missing. {_fix(folder, dataset)}")
-    magic = IMAGE_MAGIC if kind == "images" else LABEL_MAGIC
-    expected = _expected_size(path, magic)
-    actual = path.stat().st_size
-    if expected != actual:
-        promise = f"its header promises {expected}" if expected else "its header is not MNIST's"
-        raise DataError(f"{path} is damaged ({actual} bytes, {promise}). {_fix(folder, dataset)}")
-    with path.open("rb") as f:
-        return int(struct.unpack(">I", f.read(8)[4:8])[0])
-
-
-def _expected_size(path: Path, magic: int) -> int | None:
-    with path.open("rb") as f:
-        head = f.read(16 if magic == IMAGE_MAGIC else 8)
-    if len(head) < 8 or struct.unpack(">I", head[:4])[0] != magic:
-        return None
-    if magic == LABEL_MAGIC:
-        return 8 + struct.unpack(">I", head[4:8])[0]
-    if len(head) < 16 or struct.unpack(">II", head[8:16]) != (28, 28):
-        return None  # the kit's model reads 28×28 images
-    return 16 + struct.unpack(">I", head[4:8])[0] * 28 * 28
-
-
-def _fix(folder: Path, dataset: str) -> str:
-    if dataset == "mnist":
-        return (
-            f"Fetch MNIST on a machine with internet: `python -m train fetch-mnist --root {folder}` "
-            "(compute nodes often have none; copy the folder over if needed)."
-        )
-    return f"Delete {folder} and run again: the synthetic data is rewritten from its seed."
-
-
 def fetch_mnist(root: Path) -> Path:
     """Download real MNIST into ROOT/MNIST/raw (needs internet) and check it.
 
@@ -279,22 +212,17 @@ def fetch_mnist(root: Path) -> Path:
     return root
 
 
-def load_split(folder: Path, dataset: str, train: bool) -> torch.utils.data.TensorDataset:
-    """One split, normalised once up front: equal to torchvision's per-sample ToTensor+Normalize,
-    without a PIL round trip per image."""
-    import torch
-
-    images, labels = load_raw(folder, dataset, train)
-    return torch.utils.data.TensorDataset(normalise(images), labels)
-
-
 def load_raw(folder: Path, dataset: str, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """One split as torchvision's MNIST reader gives it: uint8 images (N, 1, 28, 28), int64 labels."""
-    from torchvision.datasets import MNIST
+    import torch
 
-    verify(folder, dataset)
-    split = MNIST(str(folder), train=train, download=False)
-    return split.data.unsqueeze(1), split.targets.long()
+    verify(folder, dataset)  # whole files, sound headers, 28×28: the offsets below hold
+    split = "train" if train else "test"
+    raw = folder / "MNIST" / "raw"
+    images = np.fromfile(raw / FILES[(split, "images")], dtype=np.uint8, offset=16)
+    labels = np.fromfile(raw / FILES[(split, "labels")], dtype=np.uint8, offset=8)
+    pixels = torch.from_numpy(images).reshape(-1, 1, 28, 28)
+    return pixels, torch.from_numpy(labels).long()
 
 
 def normalise(images: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from core.errors import KitError
+
 # Variable names per environment-variable source; submitit is read through its own JobEnvironment.
 SOURCES: dict[str, dict[str, str]] = {
     "torchrun": {
@@ -39,7 +41,7 @@ SOURCES: dict[str, dict[str, str]] = {
 }
 
 
-class DistEnvError(RuntimeError):
+class DistEnvError(KitError):
     """The job was started in a way that cannot give each process a consistent place."""
 
 
@@ -110,7 +112,10 @@ def first_host(nodelist: str) -> str:
     """First host of a Slurm hostlist: 'node[003-004,010],gpu1' → 'node003'."""
     match = re.match(r"([^,\[]*)(?:\[([^\]]*)\])?([^,]*)", nodelist)
     if not match or not match.group(0):
-        raise DistEnvError(f"cannot read the Slurm node list {nodelist!r}")
+        raise DistEnvError(
+            f"cannot read the Slurm node list {nodelist!r}: start the ranks with srun inside "
+            "the job's allocation, so that Slurm sets its node list"
+        )
     prefix, ranges, suffix = match.groups()
     if ranges is None:
         return prefix + suffix
@@ -123,7 +128,10 @@ def tasks_on_node(tasks_per_node: str, node_rank: int) -> int:
     for part in tasks_per_node.split(","):
         match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
         if not match:
-            raise DistEnvError(f"cannot read Slurm's tasks per node {tasks_per_node!r}")
+            raise DistEnvError(
+                f"cannot read Slurm's tasks per node {tasks_per_node!r}: start the ranks with "
+                "srun inside the job's allocation, so that Slurm sets it"
+            )
         counts += [int(match.group(1))] * int(match.group(2) or 1)
     return counts[node_rank]
 
@@ -146,7 +154,10 @@ def _read(env: Mapping[str, str], source: str, field: str, default: str | None =
     name = SOURCES[source][field]
     value = env.get(name, default)
     if value is None:
-        raise DistEnvError(f"{name} is not set, but other {source} variables are")
+        raise DistEnvError(
+            f"{name} is not set, but other {source} variables are: start the job through its "
+            f"launcher alone (unset the stray {source} variables, or set {name})"
+        )
     return value
 
 

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
+from core.settings.schema import Config
 from train import data
-from train.config import Config
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Normalise = Callable[[torch.Tensor], torch.Tensor]  # a split's inputs as stored → the model's

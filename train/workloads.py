@@ -14,8 +14,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from train import data, factories, model
-from train.config import MODELS, Config, ConfigError
+from core import datafiles, factories, strategies
+from core.settings.schema import MODELS, Config, ConfigError
+from train import data, model
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Shape = model.Shape
@@ -53,7 +54,7 @@ def load(cfg: Config, local_rank: int, barrier: Callable[[], None]) -> Workload:
         return Workload(train, test, d.classes, data.PATTERN_MEAN, data.PATTERN_STD)
     if d.dataset not in ("synthetic", "mnist"):
         return _from_factory(d.dataset)
-    folder = data.dataset_dir(d.dataset, d.root, seed, d.train_size, d.test_size)
+    folder = datafiles.dataset_dir(d.dataset, d.root, seed, d.train_size, d.test_size)
     if d.dataset == "synthetic" and local_rank == 0:
         data.prepare_synthetic(folder, seed, d.train_size, d.test_size)
     barrier()
@@ -127,3 +128,16 @@ def _checked(spec: str, train: bool, made: Any) -> Batch:
     if inputs.is_floating_point():
         inputs = inputs.float()  # float32, as the model's weights (float64 would not mix)
     return inputs.contiguous(), labels.long()
+
+
+def prepare(
+    cfg: Config, model: nn.Module, device: torch.device, gpus: int
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The bare model on its device, in the run's memory layout, wrapped by the run's strategy;
+    and its optimizer."""
+    model = model.to(device)
+    if cfg.train.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    strategy = strategies.of(cfg)
+    wrapped = strategy.wrap(cfg, model, device, gpus)
+    return wrapped, strategy.optimizer(cfg, wrapped)

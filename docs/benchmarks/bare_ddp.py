@@ -1,7 +1,7 @@
 """The kit's DDP training without the kit's launcher, for `torchrun`: the start-up reference.
 
 The same work up to the first step as a kit job (process group, the embedded digits read by
-torchvision's reader, the ConvNet wrapped in DDP, one step), and nothing else: no config, no run
+the kit's IDX reader, the ConvNet wrapped in DDP, one step), and nothing else: no config, no run
 folder, no records, no stop signals. Rank 0 prints the wall-clock time at which its first step starts and ends.
 
 Usage: torchrun --standalone --nproc-per-node N docs/benchmarks/bare_ddp.py DATA_FOLDER

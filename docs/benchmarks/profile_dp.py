@@ -21,7 +21,6 @@ from torch import nn
 from torch.nn import functional as F
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from train.config import ModelName
 from train.model import build
 
 BATCH, STEPS = 512, 20
@@ -39,7 +38,7 @@ def labelled(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
 
 def main() -> None:
     gpus = torch.cuda.device_count()
-    model = nn.DataParallel(build(ModelName.convnet).cuda(), device_ids=list(range(gpus)))
+    model = nn.DataParallel(build("convnet").cuda(), device_ids=list(range(gpus)))
     for phase in PHASES:  # instance attributes shadow the class's methods: only this model
         setattr(model, phase, labelled(phase, getattr(model, phase)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

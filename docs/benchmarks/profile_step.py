@@ -13,7 +13,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from train import data, steps
-from train.config import ModelName
 from train.model import build
 
 BATCH, REPLAYS = 256, 300
@@ -33,7 +32,7 @@ def main() -> None:
 
     for compiled in (False, True):
         torch.manual_seed(0)
-        raw = build(ModelName.convnet).to(device).to(memory_format=torch.channels_last)
+        raw = build("convnet").to(device).to(memory_format=torch.channels_last)
         model = torch.compile(raw) if compiled else raw
         optimizer = torch.optim.SGD(raw.parameters(), lr=0.01, momentum=0.9)
         cast = steps.autocast(device, "bf16", cache=False)

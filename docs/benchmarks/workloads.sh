@@ -6,13 +6,15 @@
 #   2. torchvision's ResNet-18 on embedded 3 × 32² colour patterns (50k/10k, 10 classes), 3 epochs;
 #   3. many classes: the ConvNet with a 100 000-class head on 1 × 28² patterns, 3 epochs; its
 #      logits (400 kB a sample) are what DataParallel gathers on its main card.
-# Without a GPU the same commands run with 2 CPU workers and the GPU figures read n/m.
+# Without a GPU the same training runs go on 2 CPU workers, the GPU figures read n/m, and the
+# largest-batch searches are left out (on CPU they measure nothing).
 # Usage: bash docs/benchmarks/workloads.sh OUT_ROOT [key=value …]  (appended to every run)
 set -euo pipefail
 out=${1:?usage: workloads.sh OUT_ROOT [key=value …]}
 shift
 python=${KIT_PYTHON:-python3}
-gpus=$("$python" -c 'import torch; print(torch.cuda.device_count() or 2)')
+found=$("$python" -c 'import torch; print(torch.cuda.device_count())')
+gpus=$((found > 0 ? found : 2))
 common=(--nodes 1 cluster.backend=local "cluster.gpus_per_node=$gpus" "output.root=$out"
         train.checkpoint=false cluster.timeout_min=20)
 run() { "$python" -m launch submit "${common[@]}" "$@" --wait -q || echo "run failed: $*" >&2; }
@@ -27,6 +29,7 @@ for workload in "${workloads[@]}"; do
     for strategy in "${strategies[@]}"; do
         run $strategy $workload "$@"
     done
+    ((found > 0)) || continue
     for strategy in "${strategies[@]}"; do
         # shellcheck disable=SC2086
         run $strategy task=largest_batch $workload "$@"

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Install Debian's Slurm (controller, node daemon, clients, accounting daemon) and MariaDB,
+# Install Debian's Slurm (controller, node daemon, clients, accounting daemon), MariaDB and iproute2,
 # everything slurm/testcluster/start.sh needs. Idempotent: when all programs are present it
 # only prints one line and returns at once (no apt-get at all).
 set -euo pipefail
 
-PACKAGES=(slurmctld slurmd slurm-client slurmdbd mariadb-server)
+PACKAGES=(slurmctld slurmd slurm-client slurmdbd mariadb-server iproute2)
 # One program per package: if all of them are on PATH there is nothing to do.
-PROGRAMS=(slurmctld slurmd sbatch sdiag slurmdbd mariadbd mariadb-install-db mariadb-admin)
+PROGRAMS=(slurmctld slurmd sbatch sdiag slurmdbd mariadbd mariadb-install-db mariadb-admin ip)
 
 slurm_version() { dpkg-query -W -f='${Version}' slurmctld 2>/dev/null || echo '?'; }
 

@@ -15,6 +15,9 @@
 #                             default: a random free block in 10000-29999
 #   TESTCLUSTER_FIRST_JOB_ID  first job id; default derived from the clock (see below)
 #   TESTCLUSTER_TIMEOUT       seconds to wait for the cluster to be ready (default 60)
+#   TESTCLUSTER_NETNS=1       each slurmd in a network namespace of its own, with its own
+#                             address and hostname (node1, node2, …) on a bridge: a job's ranks
+#                             then talk across a real network stack, whose links a test can cut
 set -euo pipefail
 
 die() { echo "testcluster: error: $*" >&2; exit 1; }
@@ -23,6 +26,7 @@ die() { echo "testcluster: error: $*" >&2; exit 1; }
 NODES=${2:-2}
 [[ $NODES =~ ^[0-9]+$ && $NODES -ge 1 && $NODES -le 200 ]] || die "NODES must be 1..200, got '$NODES'"
 TIMEOUT=${TESTCLUSTER_TIMEOUT:-60}
+NETNS=${TESTCLUSTER_NETNS:-0}
 
 # Daemons live in /usr/sbin, which a non-login shell may lack on PATH.
 export PATH="$PATH:/usr/sbin:/sbin"
@@ -83,6 +87,17 @@ fi
 # ---------------------------------------------------------------------------------------------
 # Node names and fake GPUs.
 node_name() { echo "127.0.0.$((10 + $1))"; }   # node 1 -> 127.0.0.11
+node_addr() { node_name "$1"; }
+CTLD_ADDR=127.0.0.1
+if [[ $NETNS == 1 ]]; then
+    # Names and a subnet of this cluster's own: its port block is unique on this host.
+    NET_ID=$((BASE / 10))
+    SUBNET="10.$((200 + NET_ID / 250 % 50)).$((NET_ID % 250))"
+    BRIDGE="kb$NET_ID"
+    node_name() { echo "node$1"; }
+    node_addr() { echo "$SUBNET.$((10 + $1))"; }
+    CTLD_ADDR=$SUBNET.1
+fi
 NODE_NAMES=()
 for ((i = 1; i <= NODES; i++)); do NODE_NAMES+=("$(node_name "$i")"); done
 # A gres File must exist; /dev/null works. With Count=4 and no File the node drains.
@@ -109,7 +124,7 @@ CLUSTER=testcluster
 cat >"$DIR/slurm.conf" <<EOF
 # Written by slurm/testcluster/start.sh: a private test cluster, $NODES node(s) on one host.
 ClusterName=$CLUSTER
-SlurmctldHost=$(hostname -s)(127.0.0.1)
+SlurmctldHost=$(hostname -s)($CTLD_ADDR)
 SlurmctldPort=$CTLD_PORT
 FirstJobId=$FIRST_JOB_ID
 
@@ -139,6 +154,8 @@ SelectTypeParameters=CR_Core
 SchedulerParameters=batch_sched_delay=0
 KillWait=2
 ReturnToService=2
+# A node that stops answering (its link cut) is marked DOWN after this, and its jobs requeued.
+SlurmdTimeout=$([[ $NETNS == 1 ]] && echo 30 || echo 300)
 # Finished jobs leave squeue after 5 s (sacct keeps them). Also makes 'sbatch --wait' poll every
 # 2 s: it lengthens its poll interval (2 s, then 8 s) only while that stays below MinJobAge/2.
 MinJobAge=5
@@ -157,7 +174,7 @@ JobCompType=jobcomp/none
 EOF
 for ((i = 1; i <= NODES; i++)); do
     n=$(node_name "$i")
-    echo "NodeName=$n NodeAddr=$n Port=$((NODE_PORT0 + i - 1)) CPUs=8 RealMemory=16000 Gres=gpu:4 State=UNKNOWN" \
+    echo "NodeName=$n NodeAddr=$(node_addr "$i") Port=$((NODE_PORT0 + i - 1)) CPUs=8 RealMemory=16000 Gres=gpu:4 State=UNKNOWN" \
         >>"$DIR/slurm.conf"
     echo "NodeName=$n Name=gpu File=$DIR/dev/nvidia[0-3]" >>"$DIR/gres.conf"
 done
@@ -251,9 +268,41 @@ wait_for "slurmdbd on port $DBD_PORT" "sacctmgr -n list cluster" "$DIR/log/slurm
 slurmctld -i -f "$DIR/slurm.conf" </dev/null >>"$DIR/log/slurmctld.log" 2>&1 ||
     fail_with_logs "slurmctld did not start" "$DIR/log/slurmctld.log"
 
-for n in "${NODE_NAMES[@]}"; do
-    slurmd -N "$n" -f "$DIR/slurm.conf" </dev/null >>"$DIR/log/slurmd-$n.log" 2>&1 ||
-        fail_with_logs "slurmd $n did not start" "$DIR/log/slurmd-$n.log"
+# Network namespaces: a bridge with the controller's address, and per node a namespace whose
+# veth pair (host end kv<NET_ID>n<K>, named in run/netns for stop.sh and for tests) plugs into
+# it. Each slurmd runs there with its own hostname and an /etc/hosts naming every node (bound
+# over the real one in a mount namespace of its own); `ip netns exec` would remount /sys and
+# slurmd would lose its view of the processes it tracks.
+if [[ $NETNS == 1 ]]; then
+    ip link add "$BRIDGE" type bridge && ip addr add "$CTLD_ADDR/24" dev "$BRIDGE" &&
+        ip link set "$BRIDGE" up || die "cannot make bridge $BRIDGE (root and iproute2 needed)"
+    echo "$BRIDGE" >"$DIR/run/bridge"
+    { echo "127.0.0.1 localhost"; echo "$CTLD_ADDR $(hostname -s)"; } >"$DIR/hosts"
+    for ((i = 1; i <= NODES; i++)); do echo "$(node_addr "$i") $(node_name "$i")" >>"$DIR/hosts"; done
+    for ((i = 1; i <= NODES; i++)); do
+        ns="kn${NET_ID}n$i" veth="kv${NET_ID}n$i"
+        ip netns add "$ns" && echo "$ns $veth $(node_name "$i") $(node_addr "$i")" >>"$DIR/run/netns"
+        ip link add "$veth" type veth peer name "${veth}p"
+        ip link set "${veth}p" netns "$ns"
+        ip link set "$veth" master "$BRIDGE" up
+        ip -n "$ns" link set "${veth}p" name eth0
+        ip -n "$ns" addr add "$(node_addr "$i")/24" dev eth0
+        ip -n "$ns" link set eth0 up
+        ip -n "$ns" link set lo up
+    done
+fi
+
+for ((i = 1; i <= NODES; i++)); do
+    n=$(node_name "$i")
+    if [[ $NETNS == 1 ]]; then
+        nsenter --net="/run/netns/kn${NET_ID}n$i" unshare --mount --uts sh -c \
+            "hostname $n && mount --bind '$DIR/hosts' /etc/hosts && exec slurmd -N $n -f '$DIR/slurm.conf'" \
+            </dev/null >>"$DIR/log/slurmd-$n.log" 2>&1 ||
+            fail_with_logs "slurmd $n did not start in its namespace" "$DIR/log/slurmd-$n.log"
+    else
+        slurmd -N "$n" -f "$DIR/slurm.conf" </dev/null >>"$DIR/log/slurmd-$n.log" 2>&1 ||
+            fail_with_logs "slurmd $n did not start" "$DIR/log/slurmd-$n.log"
+    fi
 done
 
 # ---------------------------------------------------------------------------------------------

@@ -101,6 +101,16 @@ db=$(pid_of "$DIR/run/mariadbd.pid")
 [[ -n $db ]] || db=$(pid_of "$DIR/run/mariadbd.launch.pid")
 stop_pids $db
 
+# Network namespaces (TESTCLUSTER_NETNS=1): deleting one deletes its veth pair; then the bridge.
+if [[ -s $DIR/run/netns ]]; then
+    while read -r ns _; do ip netns del "$ns" 2>/dev/null || true; done <"$DIR/run/netns"
+    rm -f "$DIR/run/netns"
+fi
+if [[ -s $DIR/run/bridge ]]; then
+    ip link del "$(cat "$DIR/run/bridge")" 2>/dev/null || true
+    rm -f "$DIR/run/bridge"
+fi
+
 # The short folder in /tmp for socket paths (made when DIR is deep) is ours to remove.
 if [[ -L $DIR/short ]]; then
     short=$(readlink "$DIR/short")

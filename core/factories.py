@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from train.errors import KitError
+from core.errors import KitError
 
 CONTRACT = {
     "model.name": "function(sample_shape: tuple[int, ...], classes: int) -> torch.nn.Module",

@@ -1,7 +1,7 @@
-"""The kit's one error idiom: `KitError` for what a user can fix, and the wrapper every CLI uses.
+"""What every command line of the kit shares: the parser, the common flags, and the one wrapper.
 
-A `KitError` is printed as one line that names the fix, with exit code 2. Any other exception is a
-bug in the kit (or in torch, or the machine) and keeps its traceback, with exit code 1.
+The wrapper turns a `KitError` into one line that names the fix, with exit code 2; any other
+exception is a bug and keeps its traceback (exit code 1); Ctrl-C is one line and exit code 130.
 """
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import NoReturn
 
+from core.errors import KitError
+
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command ended by Ctrl-C
 DISTRIBUTION = "slurm-ddp-kit"
-
-
-class KitError(Exception):
-    """Something the user can fix: the message says what was wrong and how to fix it."""
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-import multiprocessing
 import os
 import signal
 import threading
@@ -37,9 +36,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from train import steps, strategies, workloads
-from train.config import Config, Precision
-from train.errors import KitError
+from core import strategies
+from core.errors import KitError
+from core.settings.schema import Config, Precision
+from train import early, steps, workloads
+from train.process import Context, barrier, dist_backend, start_record, workload_record
 
 log = logging.getLogger("train")
 
@@ -116,9 +117,9 @@ class Trials:
         self.worker: BaseProcess | None = None
         self.conn: Connection | None = None
         # Workers are forked from a server that imported torch and the kit once (this process
-        # may have touched CUDA, after which a fork could not use it).
-        self.context = multiprocessing.get_context("forkserver")
-        self.context.set_forkserver_preload([__name__])
+        # may have touched CUDA, after which a fork could not use it). And torch._dynamo, which
+        # DistributedDataParallel imports when it is built: a second of every trial otherwise.
+        self.context = early.forkserver(preload=(__name__, "torch._dynamo"))
 
     def __call__(self, global_batch: int) -> bool:
         self.trial += 1
@@ -253,7 +254,7 @@ def _build(spec: Spec, prefix: str) -> tuple[steps.EagerStep, Callable[[int], An
         )
     torch.manual_seed(cfg.train.seed)
     model = workloads.build_model(cfg, spec.shape, spec.classes)
-    wrapped, optimizer = strategies.prepare(cfg, model, device, spec.gpus)
+    wrapped, optimizer = workloads.prepare(cfg, model, device, spec.gpus)
     scaler = torch.amp.GradScaler(enabled=cfg.train.precision == Precision.fp16)
     cast = steps.autocast(device, cfg.train.precision.value)
     step = steps.EagerStep(wrapped, optimizer, scaler, 1, cast, cfg.train.channels_last)
@@ -313,3 +314,39 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")  # a zombie is a process that has ended
+
+
+def run(ctx: Context, started: float) -> dict[str, Any]:
+    """The largest-batch job: no data, no epochs; real steps at growing batch sizes (GPU only)."""
+    cfg, env = ctx.cfg, ctx.env
+    shape, classes = workloads.shape(cfg, env.local_rank, barrier)
+    model = workloads.build_model(cfg, shape, classes)  # on the CPU: the workers build their own
+    ctx.parameters = sum(p.numel() for p in model.parameters())
+    del model
+    # The backend the trial steps use (this process joins the others over gloo).
+    backend = dist_backend(cfg) if strategies.of(cfg).per_gpu else "none"
+    ctx.metrics.write(
+        "start",
+        **(start_record(ctx, 0, 0) | {"backend": backend}),
+        **workload_record(ctx, shape, classes),
+        startup_s=time.time() - started,
+    )
+    largest: int | None = None  # on CPU: not measured (host memory is not the question)
+    trials: list[dict[str, Any]] = []
+    if ctx.device.type == "cuda":
+        store = (env.master_addr, env.master_port) if strategies.of(cfg).per_gpu else None
+        spec = Spec(
+            cfg, env.rank, env.world_size, str(ctx.device), ctx.gpus, shape, classes,
+            torch.get_num_threads(), store, backend,
+        )  # fmt: skip
+        fits = Trials(spec)
+        largest, trials = search(fits, cfg.train.global_batch_size, env.world_size)
+    return ctx.metrics.write(
+        "summary",
+        largest_global_batch=largest,
+        tolerance=TOLERANCE,
+        ceiling=CEILING,  # a search that fits this stops there: a lower bound
+        trials=trials,
+        total_seconds=time.time() - started,
+        gpus=[],
+    )

@@ -22,20 +22,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from train.config import Config, from_dict, load_config, to_dict, to_yaml
-from train.errors import KitError
+from core import slurm
+from core.errors import KitError
+from core.settings.loading import from_dict, load_config, to_dict, to_yaml
+from core.settings.schema import Config
 
 SCHEMA = 1  # of run.json and of every record; a reader refuses a newer one, naming the fix
 CONFIG = "config.yaml"  # the resolved settings, for people and for the job
 META = "run.json"  # who made the run, its job, and the settings again as JSON for fast readers
 METRICS = "metrics"  # one JSON-lines file per rank
 LOGS = "logs"
+SRUN_LOG = "srun.err"  # under logs/: srun's own messages, copied there by the sbatch scripts
 CHECKPOINT = "checkpoints/model.pt"  # the bare model's weights
 STATE = "checkpoints/state.pt"  # the whole training state a job resumes from
 # A sharded strategy's (FSDP's) model and optimizer state: one torch.distributed.checkpoint
 # folder per save, each rank writing its own shards; state.pt names the one it belongs to.
 SHARDS = "checkpoints/shards"
-KINDS = ("start", "epoch", "stop", "error", "summary")
+KINDS = ("start", "epoch", "notice", "stop", "error", "summary")
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9@+=:,./_-]+")  # needs no shell quoting; no Slurm % pattern
 
 
@@ -93,7 +96,7 @@ def new_name(cfg: Config) -> str:
     """<UTC time>-<mode>-<nodes>n<gpus>g[-<output.name>]-<4 hex>: unique, sortable by time."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
     shape = f"{cfg.cluster.nodes}n{cfg.cluster.gpus_per_node}g"
-    parts = [stamp, cfg.mode.value, shape, cfg.output.name, secrets.token_hex(2)]
+    parts = [stamp, cfg.mode, shape, cfg.output.name, secrets.token_hex(2)]
     return "-".join(filter(None, parts))
 
 
@@ -147,7 +150,7 @@ def _meta(
     return {
         "schema": SCHEMA,
         "run_id": run_id,
-        "mode": cfg.mode.value,
+        "mode": cfg.mode,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "launcher": launcher,
         "backend": backend,
@@ -249,16 +252,33 @@ def _holds_meta(folder: str) -> bool:
 
 
 def first_failure(run_dir: Path) -> dict[str, Any] | None:
-    """What failed first, over every rank's run view: the earliest `error` that is not a mere
-    echo of a lost peer; else a rank that started and then went silent (killed or stalled, it
-    could write nothing), as a record of the same shape; else the earliest error."""
+    """What failed first, as an `error` record of the rank to look at.
+
+    Where srun saw a task end by a signal first (killed, aborted, a segfault: it could write
+    nothing), that rank; else the earliest `error` that is not a mere echo of a lost peer; with
+    no error at all, the task srun saw end first; else a rank that stood still (stopped dead,
+    its error written once Slurm woke it to end it); else a rank that started and then went
+    silent (killed or stalled); else the earliest error. srun's word comes first for signals:
+    a rank it ended for the job's sake is reported after the step's end, and a peer's error may
+    read as its own.
+    """
     views = {rank: read_rank(run_dir, rank) for rank in rank_files(run_dir)}
     errors = [r for view in views.values() for r in of_kind(view, "error")]
-    if not errors:
-        return None
-    primary = [r for r in errors if not _LOST_PEER.search(str(r.get("error", "")))]
+    ended = slurm.first_bad_exit(srun_output(run_dir))
+    if ended and ended.by_signal:
+        return _ended_by_slurm(views, ended)
+    primary = [r for r in errors if not lost_peer(r)]
     if primary:
         return min(primary, key=lambda r: r.get("time", 0.0))
+    if not errors:
+        return _ended_by_slurm(views, ended) if ended else None
+    still = max(errors, key=lambda r: float(r.get("stood_still_s") or 0))
+    if float(still.get("stood_still_s") or 0) >= STOOD_STILL_S:
+        return {
+            **still,
+            "error": f"stopped answering: it stood still for {still['stood_still_s']:.0f} s "
+            "(stopped dead, SIGSTOP, or frozen), and the other ranks timed out waiting for it",
+        }
     silent = [rank for rank, view in sorted(views.items()) if went_silent(view)]
     # A stalled rank that Slurm wakes to end it (SIGCONT, SIGTERM) writes an error of its own,
     # but never a timeout: the timeouts are the ranks that waited for it.
@@ -277,6 +297,36 @@ def first_failure(run_dir: Path) -> dict[str, Any] | None:
     return min(errors, key=lambda r: r.get("time", 0.0))
 
 
+STOOD_STILL_S = 5.0  # a rank that did not run for this long was stopped, not merely slow
+
+
+def _ended_by_slurm(views: dict[int, list[dict[str, Any]]], ended: slurm.TaskEnd) -> dict[str, Any]:
+    rank = ended.tasks[0]
+    start = (of_kind(views.get(rank, []), "start") or [{}])[-1]
+    own = of_kind(views.get(rank, []), "error")
+    said = f"; its last words: {own[-1].get('error')}" if own else ": it recorded no error"
+    return {
+        "rank": rank,
+        "node": ended.node,
+        "host": start.get("host"),
+        "error": f"{ended.what.lower()} (as srun reports it){said}",
+        "recorded": bool(own),  # False: srun's word alone (a cancel's SIGTERM reads so too)
+    }
+
+
+def srun_output(run_dir: Path) -> str:
+    """srun's own messages for the run's job: the sbatch scripts copy them into the run folder;
+    under submitit they are in the job's first stderr log (the batch step's is task 0's). The
+    stdout logs, which hold the whole training's output, are not read."""
+    errs = [path for path in log_files(run_dir, 0) if path.suffix == ".err"]
+    paths = [logs_dir(run_dir) / SRUN_LOG, *errs]
+    texts = []
+    for path in paths:
+        with contextlib.suppress(OSError):
+            texts.append(path.read_text(errors="replace"))
+    return "\n".join(texts)
+
+
 # Errors a rank raises because a peer went away: they follow a failure, they are not it.
 _LOST_PEER = re.compile(
     r"closed by peer|reset by peer|broken pipe|timed out|timeout|remote process exited|"
@@ -288,10 +338,21 @@ _LOST_PEER = re.compile(
 _WAITED = re.compile(r"timed out|timeout", re.IGNORECASE)
 
 
+def lost_peer(error: dict[str, Any]) -> bool:
+    """An error that only says a peer went away (its backend traceback tells nothing more)."""
+    return bool(_LOST_PEER.search(str(error.get("error", ""))))
+
+
 def went_silent(view: list[dict[str, Any]]) -> bool:
     """A rank that started and then wrote nothing more of its end: no error, stop or summary."""
     kinds = {r.get("kind") for r in view}
     return "start" in kinds and not kinds & {"error", "summary", "stop"}
+
+
+def nodes_of(run_dir: Path) -> list[str]:
+    """The nodes the ranks of the run's last attempt started on (from their start records)."""
+    starts = (of_kind(read_rank(run_dir, rank), "start") for rank in rank_files(run_dir))
+    return sorted({str(s[-1]["node"]) for s in starts if s and s[-1].get("node")})
 
 
 def failure_words(error: dict[str, Any]) -> str:
@@ -511,7 +572,11 @@ def shell_assignments(run_dir: Path) -> str:
     """What `launch prepare --shell` prints: the paths an sbatch script needs, as shell lines."""
     import shlex
 
-    values = {"run_dir": str(run_dir), "rank_log": sbatch_log_pattern(run_dir)}
+    values = {
+        "run_dir": str(run_dir),
+        "rank_log": sbatch_log_pattern(run_dir),
+        "srun_log": str(logs_dir(run_dir) / SRUN_LOG),
+    }
     return "".join(f"{name}={shlex.quote(value)}\n" for name, value in values.items())
 
 

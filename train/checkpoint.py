@@ -1,44 +1,31 @@
-"""Surviving Slurm: the whole training state in one checkpoint, the stop signals, and the requeue.
+"""The whole training state in one checkpoint: saved by every rank together, loaded by each.
 
-On the warning signal before the time limit (SIGUSR2) or on SIGTERM (preemption), a handler only
-sets a flag. The loop asks all ranks at the next optimizer step whether any saw one (one small
-all-reduce), so every rank stops after the same step; rank 0 then writes the checkpoint and the job
-is requeued (through submitit's own handler on the submitit path, `scontrol requeue` on the sbatch
-path); the restarted job resumes from the checkpoint by itself. Saving inside a signal handler can
-hang a collective, and a handler on rank 0 alone leaves the others running.
+A checkpoint holds the model, optimizer and scaler state (whole, or as the strategy's shards),
+every rank's progress and RNG, and the hash of the config it was saved under; its rename is the
+commit, so a reader sees the previous state whole or the new one whole.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-import os
 import pickle
 import random
 import shutil
-import signal
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from train import runfolder
-from train.config import Config, to_yaml
-from train.strategies import STRATEGIES
+from core import runfolder, strategies
+from core.settings.loading import to_yaml
+from core.settings.schema import Config
 
 log = logging.getLogger("train")
-
-# Why a job stops early, as agreed by all ranks; a larger code wins when ranks disagree.
-NONE, TIME_LIMIT, PREEMPTED = 0, 1, 2
-REASONS = {TIME_LIMIT: "time limit (SIGUSR2)", PREEMPTED: "preemption (SIGTERM)"}
-_SIGNALS = {signal.SIGUSR2: TIME_LIMIT, signal.SIGTERM: PREEMPTED}
 
 
 @dataclass
@@ -49,64 +36,6 @@ class Progress:
     batches: int = 0
     loss_sum: float = 0.0  # this rank's, over the done batches of the epoch
     samples: int = 0  # this rank's, likewise
-
-
-class StopSignals:
-    """Catches the stop signals in every rank and turns them into one agreed decision."""
-
-    def __init__(self) -> None:
-        self.seen = NONE
-        self.group: Any = None  # the process group the flag travels on: a CPU (gloo) one
-        # Under submitit these are its handlers: the loop hands the requeue back to them.
-        self.before = {signum: signal.signal(signum, self._handle) for signum in _SIGNALS}
-
-    def join(self) -> None:
-        """Once the process group exists: a gloo group of all ranks for the flag, so asking at
-        every step costs a few microseconds on the host and never waits for the GPU."""
-        if dist.is_initialized():
-            gloo = dist.get_backend() == "gloo"
-            self.group = dist.group.WORLD if gloo else dist.new_group(backend="gloo")
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.seen = max(self.seen, _SIGNALS[signal.Signals(signum)])
-
-    def agreed(self) -> int:
-        """The stop reason any rank saw (NONE if none): every rank gets the same answer."""
-        if self.group is None:
-            return self.seen
-        flag = torch.tensor([self.seen])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        return int(flag.item())
-
-    def from_main(self, value: str) -> str:
-        """Rank 0's `value`, on every rank (on the flag's CPU group: no GPU sync)."""
-        if self.group is None:
-            return value
-        shared = [value]
-        dist.broadcast_object_list(shared, src=0, group=self.group)
-        return str(shared[0])
-
-    def requeue_through_submitit(self) -> str:
-        """submitit's own checkpoint-and-requeue, on rank 0 once the state is saved: its handler
-        calls the submitted Checkpointable's `checkpoint` (a resubmission of the same run
-        folder), stores it for the restart and runs `scontrol requeue`, then raises SystemExit,
-        which is ours to take. '' on success, else why the job was not requeued."""
-        handler = self.before.get(signal.SIGUSR2)
-        if not callable(handler):
-            return "submitit's signal handler is not installed in this process"
-        try:
-            handler(signal.SIGUSR2, None)
-        except SystemExit:
-            return ""
-        except Exception as err:  # `scontrol requeue` failed, or submitit declined to requeue
-            return str(err) or type(err).__name__
-        return "submitit did not requeue the job"
-
-
-def ignore_stop_signals() -> None:
-    """From here on the process only ends: a signal now must not fail a job that did its work."""
-    for signum in _SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
 
 
 def config_hash(cfg: Config) -> str:
@@ -146,7 +75,7 @@ def save(
     file names; the folder of the previous save goes once the file names the new one.
     """
     # Every rank takes part: a sharded strategy gathers or writes its state here.
-    strategy = STRATEGIES[cfg.mode]
+    strategy = strategies.of(cfg)
     model_state = strategy.model_state(model)  # whole, for the bare model's weights file
     if strategy.saves_shards:
         shards = _save_name(progress)
@@ -234,46 +163,3 @@ def load(run_dir: Path, cfg: Config, rank: int, world_size: int) -> dict[str, An
             )
         state["shards_folder"] = folder
     return {**state, "mine": state["ranks"][rank]}
-
-
-def requeue_id() -> str | None:
-    """The id `scontrol requeue` takes: an array element's own, else the job's; None off Slurm."""
-    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    if array and task:
-        return f"{array}_{task}"  # the bare array id would requeue every element
-    return os.environ.get("SLURM_JOB_ID")
-
-
-def restarts() -> int:
-    """How often Slurm has restarted this job (0 on the first run)."""
-    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-
-
-def request_requeue(job_id: str) -> str:
-    """Ask Slurm to requeue the job; '' on success, else what went wrong."""
-    try:
-        done = subprocess.run(
-            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return str(err)
-    return "" if done.returncode == 0 else (done.stderr or done.stdout).strip()
-
-
-def slurm_state(job_id: str) -> str:
-    """The job's state as Slurm sees it now ('' where squeue cannot tell)."""
-    try:
-        done = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout.strip().split("\n")[0] if done.returncode == 0 else ""
-
-
-def wait_for_slurm(seconds: float) -> None:
-    """After a requeue or at the end of the allowed requeues: Slurm ends this process itself."""
-    with contextlib.suppress(KeyboardInterrupt):
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            time.sleep(1.0)

@@ -1,0 +1,199 @@
+"""Loading settings: typed defaults ← an optional YAML file ← `key=value` overrides.
+
+OmegaConf merges the layers against the schema's dataclasses; readers of many runs rebuild a
+Config from plain values without OmegaConf (`from_dict`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import typing
+from collections.abc import Callable, Sequence
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from core.settings.rules import validate
+from core.settings.schema import Choice, Config, ConfigError
+
+if typing.TYPE_CHECKING:  # imported where used: readers of many runs never pay for OmegaConf
+    from omegaconf import DictConfig
+    from omegaconf.errors import OmegaConfBaseException
+
+
+def load_config(
+    config_file: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    mode: str | None = None,
+    nodes: int | None = None,
+) -> Config:
+    """Merge defaults ← file ← overrides (← --mode/--nodes), check it, and return a typed Config."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    layers = [OmegaConf.structured(Config)]
+    if config_file is not None:
+        layers.append(_read_yaml(Path(config_file)))
+    flags = [f"mode={mode}"] * (mode is not None) + [f"cluster.nodes={nodes}"] * (nodes is not None)
+    layers.append(_parse_overrides([*overrides, *flags]))
+    for layer in layers[1:]:
+        _check_keys(OmegaConf.to_container(layer), Config, "")
+    try:
+        cfg = typing.cast(Config, OmegaConf.to_object(OmegaConf.merge(*layers)))
+    except OmegaConfBaseException as err:
+        raise ConfigError(_type_error_message(err)) from None
+    except (TypeError, ValueError) as err:  # e.g. a list merged into a mapping
+        raise ConfigError(f"a setting has the wrong shape: {err}") from None
+    validate(cfg)
+    return cfg
+
+
+def to_yaml(cfg: Config) -> str:
+    from omegaconf import OmegaConf
+
+    # From plain values: OmegaConf writes a structured config's choices by their Python names,
+    # which the reader (by value) would refuse where the two differ (compile_mode).
+    return OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg)))
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain JSON-ready values (choices as their strings)."""
+    return typing.cast(dict[str, Any], _plain(dataclasses.asdict(cfg)))
+
+
+def from_dict(values: dict[str, Any]) -> Config:
+    """A Config from `to_dict`'s output, without OmegaConf: fast, for readers of many runs."""
+    try:
+        return typing.cast(Config, _build(Config, values))
+    except (TypeError, ValueError) as err:  # TypeError: an unknown key, or no mapping
+        raise ConfigError(f"stored settings do not match this kit's: {err}") from None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value.value if isinstance(value, Enum) else value
+
+
+def _build(schema: type, values: dict[str, Any]) -> Any:
+    """Rebuild a dataclass, the ones nested in it and its enums from plain values.
+
+    An unknown key raises TypeError, a missing one takes its default, a bad choice ValueError.
+    """
+    fields = dict(values)
+    for name, make in _builders(schema).items():
+        if name in fields:
+            fields[name] = make(fields[name])
+    return schema(**fields)
+
+
+@functools.cache  # once per class: type hints cost far more than building a Config
+def _builders(schema: type) -> dict[str, Callable[[Any], Any]]:
+    """The fields of a dataclass that are no plain value, and what rebuilds each from one."""
+    builders: dict[str, Callable[[Any], Any]] = {}
+    for name, hint in typing.get_type_hints(schema).items():
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            builders[name] = functools.partial(_build, hint)
+        elif isinstance(hint, type) and issubclass(hint, Enum):
+            builders[name] = hint
+    return builders
+
+
+def _read_yaml(path: Path) -> DictConfig:
+    from omegaconf import DictConfig, OmegaConf
+
+    if path.is_dir():
+        raise ConfigError(
+            f"config file {path} is a folder: name a YAML file, e.g. docs/examples/two-nodes.yaml"
+        )
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as err:  # yaml's own errors carry the line and column
+        raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(err)}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"config file {path} must hold a mapping of settings, not a list")
+    return loaded
+
+
+def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
+    from omegaconf import OmegaConf
+
+    items = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(
+                f"override {item!r} is not of the form key=value, e.g. train.epochs=3"
+            )
+        items.append(item if value else f"{key}=''")  # `key=` means the empty string
+    for item in items:
+        try:
+            OmegaConf.from_dotlist([item])
+        except Exception as err:  # YAML scanner errors (a value starting with @, `, %, *, !, [ …)
+            key, _, value = item.partition("=")
+            raise ConfigError(
+                f"cannot read the value of {item!r} ({_first_line(err)}): a value starting with a "
+                f"special character needs quotes inside the argument, e.g. '{key}=\"{value}\"'"
+            ) from None
+    return OmegaConf.from_dotlist(items)
+
+
+def _yaml_problem(err: Exception) -> str:
+    """YAML's problem and where it is, on one line (its message spreads them over four)."""
+    problem, mark = getattr(err, "problem", None), getattr(err, "problem_mark", None)
+    if not problem or mark is None:
+        return _first_line(err)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def _check_keys(node: Any, schema: type, prefix: str) -> None:
+    """Every key must be a field of its dataclass; the error lists the valid ones."""
+    if not isinstance(node, dict):
+        return
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    hints = typing.get_type_hints(schema)
+    for key, value in node.items():
+        if key not in fields:
+            raise ConfigError(_unknown_key_message(f"{prefix}{key}", str(key), sorted(fields)))
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                raise ConfigError(
+                    f"{prefix}{key}={value!r} is a group of settings, not a value: set one of its "
+                    f"keys, e.g. {prefix}{key}.{dataclasses.fields(typing.cast(type, hint))[0].name}=…"
+                )
+            _check_keys(value, typing.cast(type, hint), f"{prefix}{key}.")
+        elif typing.get_origin(hint) in (dict, list) and not isinstance(
+            value, typing.get_origin(hint)
+        ):
+            shape = (
+                "a mapping, e.g. {mail-type: END}"
+                if typing.get_origin(hint) is dict
+                else "a list, e.g. [a, b]"
+            )
+            raise ConfigError(f"{prefix}{key}={value!r} must be {shape}")
+        elif isinstance(hint, type) and issubclass(hint, Choice) and value not in hint.values():
+            raise ConfigError(
+                f"{prefix}{key}={value!r} is not valid; choose one of: {', '.join(hint.values())}"
+            )
+
+
+def _unknown_key_message(full_key: str, key: str, valid: list[str]) -> str:
+    close = [v for v in valid if v.startswith(key)] or difflib.get_close_matches(key, valid, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"unknown setting {full_key!r}.{hint} Valid keys here: {', '.join(valid)}"
+
+
+def _type_error_message(err: OmegaConfBaseException) -> str:
+    key = getattr(err, "full_key", None) or "?"
+    return f"setting {key!r} has the wrong type: {_first_line(err)}"

@@ -1,0 +1,290 @@
+"""The rules a config must meet, whoever made it, and the sizes derived from it.
+
+`validate` runs in the launcher before any file is made and again inside the job; its errors name
+the key and the fix. What a strategy accepts is the strategy's own rule (`core.strategies`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from core import strategies
+from core.settings.schema import (
+    DATASETS,
+    FACTORY,
+    FACTORY_RULE,
+    MODELS,
+    Backend,
+    CommHook,
+    CompileMode,
+    Config,
+    ConfigError,
+    DistBackend,
+    Precision,
+    Task,
+)
+
+# Integer settings and their allowed range (inclusive); None: no upper bound.
+_RANGES: dict[str, tuple[int, int | None]] = {
+    "train.epochs": (1, None),
+    "train.global_batch_size": (1, None),
+    "train.grad_accum_steps": (1, None),
+    "train.seed": (0, 2**32 - 1),  # NumPy's seeds
+    "data.train_size": (1, 1_000_000),  # the synthetic set is generated in memory
+    "data.test_size": (1, 1_000_000),
+    "data.num_workers": (0, 64),
+    "data.channels": (1, 64),
+    "data.image_size": (8, 1024),  # the ConvNet's two 3×3 convolutions and pooling need 6
+    "data.classes": (2, 1_000_000),
+    "cluster.nodes": (1, None),
+    "cluster.gpus_per_node": (1, 64),
+    "cluster.cpus_per_task": (1, None),
+    "cluster.mem_gb": (0, None),
+    "cluster.timeout_min": (1, None),
+    "cluster.signal_delay_s": (0, None),
+    "cluster.max_requeues": (0, None),
+    "dist.timeout_s": (1, None),
+}
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+NAME_RULE = "letters, digits, '.', '_' and '-' (at most 64, starting with a letter or digit)"
+
+_SBATCH_KEY = re.compile(r"[a-z][a-z0-9_-]*")
+
+
+def validate(cfg: Config) -> None:
+    """Every rule a config must meet, whoever made it; the first one broken raises."""
+    strategy = strategies.of(cfg)  # an unknown mode first: it names the valid ones
+    for key, (low, high) in _RANGES.items():
+        _check_range(key, _get(cfg, key), low, high)
+    t, c = cfg.train, cfg.cluster
+    if not (math.isfinite(t.lr) and t.lr > 0):
+        raise ConfigError(f"train.lr={t.lr} must be a positive number, e.g. train.lr=0.01")
+    if not 0 <= t.momentum < 1:
+        raise ConfigError(f"train.momentum={t.momentum} must be in [0, 1), e.g. 0.9 (0: none)")
+    if cfg.dist.port and not 1024 <= cfg.dist.port <= 65535:
+        raise ConfigError(
+            f"dist.port={cfg.dist.port} is not a usable port: pick one in 1024–65535, or 0 to "
+            "derive it from the job id"
+        )
+    for key in ("output.root", "data.root"):
+        if not str(_get(cfg, key)).strip():
+            example = "runs" if key == "output.root" else "data"
+            raise ConfigError(f"{key} is empty: name a folder, e.g. {key}={example}")
+    if cfg.output.name and not NAME_PATTERN.fullmatch(cfg.output.name):
+        raise ConfigError(
+            f"output.name={cfg.output.name!r} may hold only {NAME_RULE}: it becomes part of a "
+            "folder name and of Slurm's log paths, e.g. output.name=lr-0.1"
+        )
+    # The strategy's own rules (an unknown mode, DP on several nodes, …) before the backend's.
+    strategy.check(cfg)
+    if c.backend == Backend.local and c.nodes > 1:
+        raise ConfigError(
+            f"the local backend runs on one machine; cluster.nodes={c.nodes} needs "
+            "cluster.backend=slurm (or --nodes 1)"
+        )
+    _check_sbatch_extra(c.sbatch_extra)
+    _check_setup(c.setup)
+    _check_workload(cfg)
+    _check_batch_split(cfg)
+    _check_speed_options(cfg)
+    _check_hook(cfg)
+
+
+PATTERN_BYTES = 32 << 30  # the patterns are generated in memory, in every rank
+
+
+def _check_workload(cfg: Config) -> None:
+    d = cfg.data
+    for key, known in (("data.dataset", DATASETS), ("model.name", MODELS)):
+        value = _get(cfg, key)
+        if value not in known and not FACTORY.fullmatch(value):
+            raise ConfigError(
+                f"{key}={value!r} is neither a built-in ({', '.join(known)}) nor {FACTORY_RULE}, "
+                f"e.g. {key}={next(iter(known))} or {key}=mypackage.{key.split('.')[0]}s:build"
+            )
+    shape = {"data.channels": 3, "data.image_size": 32, "data.classes": 10}
+    changed = [key for key, default in shape.items() if _get(cfg, key) != default]
+    if changed and d.dataset != "patterns":
+        raise ConfigError(
+            f"{changed[0]} sets the shape of data.dataset=patterns; data.dataset={d.dataset} has "
+            f"its own: drop {changed[0]}, or add data.dataset=patterns"
+        )
+    if d.dataset == "patterns":
+        size = (d.train_size + d.test_size) * d.channels * d.image_size**2
+        if size > PATTERN_BYTES:
+            raise ConfigError(
+                f"data.dataset=patterns of {d.train_size}+{d.test_size} images × {d.channels} × "
+                f"{d.image_size}² is {size / 2**30:.0f} GiB, generated in every rank's memory: "
+                f"at most {PATTERN_BYTES >> 30} GiB; lower data.train_size or data.image_size"
+            )
+
+
+def _check_speed_options(cfg: Config) -> None:
+    t = cfg.train
+    if cfg.task == Task.largest_batch and (t.compile or t.cuda_graph):
+        key = "train.compile" if t.compile else "train.cuda_graph"
+        raise ConfigError(
+            f"task=largest_batch runs eager steps at growing sizes (a graph or a compiled "
+            f"model would be rebuilt at every size): drop {key}=true for the search"
+        )
+    if t.compile_mode != CompileMode.default and not t.compile:
+        raise ConfigError(
+            f"train.compile_mode={t.compile_mode} only applies to a compiled model: add "
+            "train.compile=true, or drop train.compile_mode"
+        )
+    if t.cuda_graph and cfg.dist.backend == DistBackend.gloo:
+        raise ConfigError(
+            "train.cuda_graph=true captures the gradient all-reduce, which only NCCL can do "
+            "inside a CUDA graph: use dist.backend=auto (NCCL on GPUs) or drop train.cuda_graph"
+        )
+    if t.cuda_graph and t.precision == Precision.fp16:
+        raise ConfigError(
+            "train.cuda_graph=true cannot capture fp16's gradient scaler (it checks for inf on "
+            "the host at every step): use train.precision=bf16"
+        )
+
+
+def _check_hook(cfg: Config) -> None:
+    t, hook = cfg.train, cfg.dist.comm_hook
+    if hook != CommHook.none and t.cuda_graph:
+        raise ConfigError(
+            f"dist.comm_hook={hook} is a hook of DistributedDataParallel, which train.cuda_graph "
+            "replaces with the kit's own all-reduce: drop one of them"
+        )
+
+
+def world_size(cfg: Config) -> int:
+    """Processes in the job: one per GPU (DDP and the strategies built on it), one for DP."""
+    return cfg.cluster.nodes * tasks_per_node(cfg)
+
+
+def tasks_per_node(cfg: Config) -> int:
+    return strategies.of(cfg).tasks_per_node(cfg.cluster.gpus_per_node)
+
+
+def cpus_per_task(cfg: Config) -> int:
+    """CPUs one task asks for: per GPU it drives (DP's one task drives them all)."""
+    return cfg.cluster.cpus_per_task * strategies.of(cfg).gpus_per_task(cfg.cluster.gpus_per_node)
+
+
+def signal_delay_s(cfg: Config) -> int:
+    """The warning signal's lead, fitted to the time limit: never more than half of it."""
+    return min(cfg.cluster.signal_delay_s, cfg.cluster.timeout_min * 60 // 2)
+
+
+def per_rank_batch(cfg: Config) -> int:
+    """Samples one process takes per micro-step (DP then scatters it over its GPUs)."""
+    return cfg.train.global_batch_size // (world_size(cfg) * cfg.train.grad_accum_steps)
+
+
+def check_hardware(cfg: Config, gpus_visible: int, local_tasks: int) -> None:
+    """Refuse a config this machine cannot run: the one check the launcher and the job share.
+
+    `gpus_visible`: CUDA devices this process sees (0 without CUDA); `local_tasks`: this node's
+    processes of the job.
+    """
+    if not gpus_visible:
+        if cfg.train.precision == Precision.fp16:
+            raise ConfigError("train.precision=fp16 needs CUDA; on CPU use train.precision=bf16")
+        if cfg.dist.backend == DistBackend.nccl:
+            raise ConfigError("dist.backend=nccl needs CUDA GPUs; on CPU use dist.backend=gloo")
+        for key in ("train.compile", "train.cuda_graph", "data.on_device"):
+            if _get(cfg, key):
+                raise ConfigError(f"{key}=true needs a CUDA GPU and none is visible: drop it")
+        return
+    per_gpu = strategies.of(cfg).per_gpu
+    needed = local_tasks if per_gpu else cfg.cluster.gpus_per_node
+    if gpus_visible == 1 and per_gpu:
+        return  # --gpus-per-task: Slurm shows each task only its own GPU
+    if needed > gpus_visible:
+        raise ConfigError(
+            f"cluster.gpus_per_node={cfg.cluster.gpus_per_node} but {gpus_visible} GPU(s) are "
+            f"visible here: set cluster.gpus_per_node={gpus_visible} or ask Slurm for more GPUs"
+        )
+
+
+def _check_range(key: str, value: int, low: int, high: int | None) -> None:
+    if value < low or (high is not None and value > high):
+        allowed = f"at least {low}" if high is None else f"between {low} and {high}"
+        raise ConfigError(f"{key}={value} must be {allowed}")
+
+
+# #SBATCH options the kit writes itself, and the setting that chooses each.
+_SBATCH_OWNED = {
+    "nodes": "cluster.nodes",
+    "N": "cluster.nodes",
+    "ntasks-per-node": "--mode (DP: 1 task; else one per GPU) and cluster.gpus_per_node",
+    "ntasks": "--mode and cluster.gpus_per_node",
+    "gpus-per-node": "cluster.gpus_per_node",
+    "gres": "cluster.gpus_per_node",
+    "cpus-per-task": "cluster.cpus_per_task",
+    "c": "cluster.cpus_per_task",
+    "mem": "cluster.mem_gb",
+    "time": "cluster.timeout_min",
+    "t": "cluster.timeout_min",
+    "partition": "cluster.partition",
+    "p": "cluster.partition",
+    "account": "cluster.account",
+    "A": "cluster.account",
+    "qos": "cluster.qos",
+    "constraint": "cluster.constraint",
+    "C": "cluster.constraint",
+    "exclusive": "cluster.exclusive",
+    "signal": "cluster.signal_delay_s",
+    "output": "output.root (the kit names the logs)",
+    "error": "output.root (the kit names the logs)",
+    "job-name": "output.name",
+    "requeue": "cluster.max_requeues",
+}
+
+
+def _check_sbatch_extra(extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if key in _SBATCH_OWNED:
+            raise ConfigError(
+                f"cluster.sbatch_extra sets {key}, which the kit writes itself from "
+                f"{_SBATCH_OWNED[key]}: set that instead, and drop {key} from cluster.sbatch_extra"
+            )
+        scalar = isinstance(value, str | int | float | bool)
+        if (
+            not scalar
+            or not _SBATCH_KEY.fullmatch(key)
+            or "\n" in str(value)
+            or not str(value).strip()
+        ):
+            raise ConfigError(
+                f"cluster.sbatch_extra has {key}={value!r}: keys are sbatch option names without "
+                "dashes (e.g. mail-type) and values one non-empty line, e.g. 'cluster.sbatch_extra={mail-type: END}'"
+            )
+
+
+def _check_setup(lines: list[Any]) -> None:
+    for line in lines:
+        if not isinstance(line, str) or "\n" in line:
+            raise ConfigError(
+                f"cluster.setup holds {line!r}: it is a list of shell lines, each one string, "
+                "e.g. 'cluster.setup=[\"module load cuda\"]'"
+            )
+
+
+def _check_batch_split(cfg: Config) -> None:
+    parts = world_size(cfg) * cfg.train.grad_accum_steps
+    batch = cfg.train.global_batch_size
+    if batch % parts:
+        nearest = max(parts, round(batch / parts) * parts)
+        raise ConfigError(
+            f"train.global_batch_size={batch} does not split evenly over {world_size(cfg)} rank(s) "
+            f"× {cfg.train.grad_accum_steps} accumulation step(s): use a multiple of {parts}, "
+            f"e.g. train.global_batch_size={nearest}"
+        )
+
+
+def _get(cfg: Config, dotted: str) -> Any:
+    value: Any = cfg
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value

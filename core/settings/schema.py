@@ -1,0 +1,181 @@
+"""The settings' schema: typed dataclasses and the choices of each setting.
+
+The single source of truth for what a setting is called and what type it has: OmegaConf checks
+types against these dataclasses (`core.settings.loading`), argparse takes its choices from the
+enums, and the strategies (`core.strategies`) name the valid modes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+
+from core.errors import KitError
+
+
+class ConfigError(KitError):
+    """A setting is unknown, of the wrong type or out of range; the message names the fix."""
+
+
+class Choice(str, Enum):
+    """A setting with a fixed set of values; compares equal to its plain string."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def values(cls) -> list[str]:
+        return [member.value for member in cls]
+
+
+class CommHook(Choice):
+    """What DDP's gradient all-reduce sends (DDP's communication hooks; ddp and zero only)."""
+
+    none = "none"  # the gradients as they are
+    fp16 = "fp16"  # cast to float16 for the all-reduce, back after
+    bf16 = "bf16"  # cast to bfloat16 likewise
+    powersgd = "powersgd"  # low-rank approximations (PowerSGD, rank 1, with error feedback)
+
+
+class Task(Choice):
+    train = "train"
+    largest_batch = "largest_batch"  # search the largest global batch that fits
+
+
+class Precision(Choice):
+    fp32 = "fp32"
+    bf16 = "bf16"  # autocast
+    fp16 = "fp16"  # autocast with a gradient scaler; CUDA only
+
+
+class CompileMode(Choice):
+    """torch.compile's modes that leave CUDA graphs to the kit (train.cuda_graph captures)."""
+
+    default = "default"
+    # Inductor times several variants of each kernel and keeps the fastest: minutes of compiling
+    # per shape, measured 6 % faster per epoch on the fast path (docs/benchmarks/speed-h200x2).
+    max_autotune = "max-autotune-no-cudagraphs"
+
+
+# What a run trains (train.workloads): a built-in name, or the user's own factory given as
+# `package.module:function`, imported in the job from its Python path.
+DATASETS = {
+    "synthetic": "embedded digits in MNIST's format, generated from the seed: needs nothing",
+    "mnist": "real MNIST: fetch it first with `python -m train fetch-mnist`",
+    "patterns": "embedded images of data.channels × data.image_size², data.classes classes",
+}
+
+MODELS = {
+    "convnet": "the pytorch/examples MNIST ConvNet (1.2 M parameters on 28×28 digits)",
+    "resnet18": "torchvision's ResNet-18 (11 M parameters), a 3×3 stem for images under 96²",
+}
+
+FACTORY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+
+FACTORY_RULE = "a factory `package.module:function` importable in the job"
+
+
+class Backend(Choice):
+    auto = "auto"  # slurm where sbatch exists and is configured, else local
+    slurm = "slurm"
+    local = "local"
+
+
+class GpuBinding(Choice):
+    node = "node"  # --gpus-per-node; each task picks LOCAL_RANK
+    task = "task"  # --gpus-per-task; Slurm shows each task its own GPU
+
+
+class DistBackend(Choice):
+    auto = "auto"  # nccl with CUDA, else gloo
+    nccl = "nccl"
+    gloo = "gloo"
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    global_batch_size: int = 512  # split over all GPUs (DP) or all ranks (DDP)
+    lr: float = 0.01
+    momentum: float = 0.9
+    seed: int = 0
+    precision: Precision = Precision.fp32
+    grad_accum_steps: int = 1  # DDP skips the all-reduce on all but the last (no_sync)
+    checkpoint: bool = True
+    channels_last: bool = False  # NHWC model and inputs (faster convolutions on tensor cores)
+    compile: bool = False  # torch.compile the model (GPU; DDP, or one process)
+    compile_mode: CompileMode = CompileMode.default  # with train.compile=true
+    # The whole DDP step (forward, backward, the kit's bucketed all-reduce, the optimizer) captured
+    # as CUDA graphs and replayed: GPU, DDP, fp32 or bf16.
+    cuda_graph: bool = False
+    cudnn_benchmark: bool = False  # let cuDNN time its algorithms once per shape, keep the fastest
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "synthetic"  # one of DATASETS, or a factory package.module:function
+    root: str = "data"
+    train_size: int = 60000  # embedded datasets only
+    test_size: int = 10000  # embedded datasets only
+    # The shape of data.dataset=patterns (the digits and MNIST are 1 × 28², 10 classes).
+    channels: int = 3
+    image_size: int = 32
+    classes: int = 10
+    num_workers: int = 0
+    pin_memory: bool = True  # only where CUDA is available
+    # Each GPU holds the whole split as uint8, normalises and gathers its batches itself, in the
+    # order DistributedSampler gives: no host work per batch (GPU only).
+    on_device: bool = False
+
+
+@dataclass
+class ModelConfig:
+    name: str = "convnet"  # one of MODELS, or a factory package.module:function
+    dropout: bool = True
+
+
+@dataclass
+class ClusterConfig:
+    backend: Backend = Backend.auto
+    nodes: int = 1
+    gpus_per_node: int = 4  # on a machine without GPUs: that many CPU (gloo) workers for DDP
+    gpu_binding: GpuBinding = GpuBinding.node
+    cpus_per_task: int = 2  # per GPU: DP's one task gets this × gpus_per_node
+    mem_gb: int = 0  # 0: the partition's default
+    timeout_min: int = 60
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool = False
+    signal_delay_s: int = 90  # USR2 this long before the time limit (at most half of it)
+    max_requeues: int = 3  # on the warning signal: save and requeue, at most this often
+    setup: list[str] = field(default_factory=list)  # shell lines before the job, e.g. module load
+    sbatch_extra: dict[str, str] = field(default_factory=dict)  # any other #SBATCH --key=value
+
+
+@dataclass
+class DistConfig:
+    backend: DistBackend = DistBackend.auto
+    port: int = 0  # 0: derived from the job id, so two jobs on one node never collide
+    timeout_s: int = 300
+    comm_hook: CommHook = CommHook.none
+
+
+@dataclass
+class OutputConfig:
+    root: str = "runs"
+    name: str = ""  # appended to the run folder's name
+
+
+@dataclass
+class Config:
+    mode: str = "ddp"  # a strategy's name (core.strategies), checked by core.settings.rules
+    task: Task = Task.train
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)

@@ -1,0 +1,227 @@
+"""Every Slurm command the kit runs itself, its timeout and the parsing of its answer.
+
+submitit runs `sbatch` for a submission; everything else the kit asks or tells Slurm goes through
+here: a job's state (`squeue`, then `sacct`), why it waits, which of its nodes stopped answering
+(`sinfo`), its time left, cancelling (`scancel`) and requeueing it (`scontrol`), and reading
+srun's report of how its tasks ended. Each command has a short timeout and an unreachable
+controller is an answer ("unknown"), never a hang, so `status` and a job's stop path go on
+without Slurm.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+TIMEOUT_S = 10  # a query (status, pending reason): the controller may be slow or gone
+ACTION_TIMEOUT_S = 30  # scancel, scontrol requeue: worth waiting a little longer for
+_SACCT_FIELDS = ("JobID", "State", "Elapsed", "NodeList")
+
+# Reasons a job waits that time will not cure: it asks for more than the partition, account or
+# QOS allows one job (not a group limit, which frees as other jobs end), or what no node has.
+_NEVER = ("PartitionNodeLimit", "PartitionTimeLimit", "PerJob", "BadConstraints", "Invalid")
+
+
+@dataclass(frozen=True)
+class JobState:
+    state: str  # Slurm's word: PENDING, RUNNING, COMPLETED, …
+    elapsed: str
+    nodes: str  # '-' where none are assigned
+
+
+@dataclass(frozen=True)
+class TaskEnd:
+    """A task's bad end as srun reports it: `srun: error: NODE: task 2: Aborted (core dumped)`."""
+
+    node: str
+    tasks: tuple[int, ...]  # task ids: the kit's global ranks
+    what: str  # "Exited with exit code 1", "Killed", "Aborted (core dumped)", …
+
+    @property
+    def by_signal(self) -> bool:
+        return not self.what.startswith("Exited with exit code")
+
+
+_TASK_END = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,-]+): (?P<what>.+)$")
+_TERMINATING = "Terminating StepId"  # srun ending the step after a bad exit (--kill-on-bad-exit)
+
+
+def available() -> bool:
+    """Whether this machine can submit: `sbatch` on PATH and a Slurm config to read."""
+    conf = os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
+    configured = Path(conf).is_file() or Path("/etc/slurm-llnl/slurm.conf").is_file()
+    return bool(shutil.which("sbatch")) and configured
+
+
+def state(job_id: str) -> JobState | None:
+    """The job's state as the queue has it, else as accounting does; None if neither answers.
+
+    The queue first: it is the controller's own view, while accounting lags it under load (a job
+    already running can still read PENDING in `sacct`). But a job that has ended reads
+    COMPLETING in the queue until its processes are gone, while accounting may already hold
+    how it ended. `-t all`: an ended job stays in the queue for a while (MinJobAge)."""
+    queued = _from_queue(job_id)
+    if queued and queued.state != "COMPLETING":
+        return queued
+    accounted = _from_accounting(job_id)
+    if accounted and (not queued or accounted.state in ENDED):
+        return accounted
+    return queued
+
+
+# The states a job ends in (a requeued job is not ended: it runs again).
+ENDED = frozenset(
+    [
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "REVOKED",
+        "TIMEOUT",
+    ]
+)
+
+
+def _from_queue(job_id: str) -> JobState | None:
+    squeue = _run("squeue", "-j", job_id, "-h", "-t", "all", "-o", "%T|%M|%N")
+    if not squeue or squeue.returncode or not squeue.stdout.strip():
+        return None
+    word, elapsed, nodes = squeue.stdout.strip().splitlines()[0].split("|")
+    return JobState(word, elapsed, nodes or "-")
+
+
+def _from_accounting(job_id: str) -> JobState | None:
+    sacct = _run("sacct", "-j", job_id, "-X", "--parsable2", "-o", ",".join(_SACCT_FIELDS))
+    row = parse_sacct(sacct.stdout).get(job_id) if sacct and sacct.returncode == 0 else None
+    if not row:
+        return None
+    nodes = row["NodeList"] if row["NodeList"] not in ("", "None assigned") else "-"
+    return JobState(row["State"].split()[0], row["Elapsed"], nodes)  # "CANCELLED by 0"
+
+
+def queue_state(job_id: str) -> str:
+    """The job's state in the queue now ('' where squeue cannot tell): asked from inside a job."""
+    squeue = _run("squeue", "-h", "-j", job_id, "-o", "%T", timeout=ACTION_TIMEOUT_S)
+    return squeue.stdout.strip().split("\n")[0] if squeue and squeue.returncode == 0 else ""
+
+
+def time_left(job_id: str) -> tuple[int, int] | None:
+    """(seconds left, time limit in seconds) of a running job; None where squeue cannot tell or
+    the job has no limit."""
+    squeue = _run("squeue", "-h", "-j", job_id, "-o", "%L|%l", timeout=ACTION_TIMEOUT_S)
+    if not squeue or squeue.returncode or "|" not in squeue.stdout:
+        return None
+    left, limit = (seconds(word) for word in squeue.stdout.strip().splitlines()[0].split("|"))
+    return (left, limit) if left is not None and limit else None
+
+
+def seconds(duration: str) -> int | None:
+    """Slurm's `[D-][HH:]MM:SS` in seconds; None for UNLIMITED, NOT_SET and the like."""
+    days, _, clock = duration.strip().rpartition("-")
+    parts = clock.split(":")
+    if not (days or "0").isdigit() or not all(p.isdigit() for p in parts) or len(parts) > 3:
+        return None
+    total = 0
+    for part in parts:
+        total = total * 60 + int(part)
+    return int(days or 0) * 86400 + total
+
+
+def pending_reason(job_id: str) -> str | None:
+    """Why a pending job waits, in Slurm's word and ours; None once it is not pending."""
+    squeue = _run("squeue", "-j", job_id, "-h", "-o", "%T|%r")
+    if not squeue or squeue.returncode or not squeue.stdout.startswith("PENDING|"):
+        return None
+    reason = squeue.stdout.strip().splitlines()[0].partition("|")[2]
+    if any(word in reason for word in _NEVER):
+        return f"{reason}: it will not start as asked; cancel it and ask for less, or elsewhere"
+    return reason
+
+
+def unanswering(nodes: list[str]) -> dict[str, str]:
+    """Those of `nodes` that Slurm finds not answering, with its word for each: DOWN, or a
+    state marked `*` (the node missed the controller's pings). {} where sinfo cannot tell."""
+    if not nodes:
+        return {}
+    sinfo = _run("sinfo", "-h", "-N", "-n", ",".join(sorted(set(nodes))), "-o", "%N|%T")
+    if not sinfo or sinfo.returncode:
+        return {}
+    rows = (line.partition("|") for line in sinfo.stdout.splitlines())
+    return {
+        name: word
+        for name, _, word in rows
+        if word.endswith("*") or word.startswith(("down", "fail"))
+    }
+
+
+def cancel(job_id: str) -> str:
+    """`scancel` the job; '' on success, else what went wrong."""
+    return _problem(_run("scancel", job_id, timeout=ACTION_TIMEOUT_S), "scancel")
+
+
+def requeue(job_id: str) -> str:
+    """Ask Slurm to requeue the job; '' on success, else what went wrong."""
+    return _problem(_run("scontrol", "requeue", job_id, timeout=ACTION_TIMEOUT_S), "scontrol")
+
+
+def first_bad_exit(srun_stderr: str) -> TaskEnd | None:
+    """The task whose end made srun end the step under `--kill-on-bad-exit`, from srun's own
+    messages: srun reports each task that ends badly as it learns of it, then names the step it
+    terminates; the tasks it ends then are reported after that line. The last terminated step
+    counts (a requeued job appends to its log); None where srun terminated none."""
+    lines = [line.strip() for line in srun_stderr.splitlines()]
+    last = max((i for i, line in enumerate(lines) if _TERMINATING in line), default=None)
+    if last is None:
+        return None
+    before: list[TaskEnd] = []
+    for line in reversed(lines[:last]):
+        if match := _TASK_END.match(line):
+            before.append(TaskEnd(match["node"], _task_ids(match["tasks"]), match["what"]))
+        elif line.startswith("srun:"):  # an earlier step's or attempt's end
+            break
+    return before[-1] if before else None
+
+
+def _task_ids(spec: str) -> tuple[int, ...]:
+    """srun's task list, `0-1,3`, as ids."""
+    ids: list[int] = []
+    for part in spec.split(","):
+        low, _, high = part.partition("-")
+        ids += range(int(low), int(high or low) + 1)
+    return tuple(ids)
+
+
+def parse_sacct(text: str) -> dict[str, dict[str, str]]:
+    """`sacct --parsable2` output (a header line, then '|'-separated rows) → JobID → fields."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return {}
+    header = lines[0].split("|")
+    rows = [dict(zip(header, line.split("|"), strict=False)) for line in lines[1:]]
+    return {row["JobID"]: row for row in rows if "JobID" in row}
+
+
+def _run(*args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str] | None:
+    """The command's result; None where it could not run or outlasted its timeout."""
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _problem(done: subprocess.CompletedProcess[str] | None, command: str) -> str:
+    if done is None:
+        return f"{command} could not run or did not answer in time"
+    return (
+        ""
+        if done.returncode == 0
+        else (done.stderr or done.stdout).strip() or f"exit {done.returncode}"
+    )

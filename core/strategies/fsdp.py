@@ -1,0 +1,97 @@
+"""`fsdp`: parameters, gradients and optimizer state sharded (PyTorch's `fully_shard`, FSDP2)."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Any
+
+from core.settings.schema import Config, ConfigError, Precision
+from core.strategies.base import Strategy, refuse_compiled
+from core.strategies.zero import SHARDED_STEP
+
+if typing.TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+
+class FSDP(Strategy):
+    """Each layer's parameters sharded over the ranks (FSDP2's `fully_shard`, one unit per
+    child module that has parameters, then the root): gathered for the layer's forward and
+    backward, its gradients reduce-scattered, the optimizer updating the local shard only."""
+
+    name, label, order, colour = "fsdp", "FSDP", 3, "tab:red"
+    summary = "parameters, gradients and optimizer state sharded (FSDP2's fully_shard)"
+    even_evaluation = True  # every forward gathers: all ranks must run the same batches
+    saves_shards = True  # no rank ever holds the whole state for a checkpoint
+
+    def check(self, cfg: Config) -> None:
+        refuse_compiled(cfg, self.name, SHARDED_STEP)
+        if cfg.train.precision == Precision.fp16:
+            raise ConfigError(
+                "train.precision=fp16 with --mode fsdp: its gradient scaler does not handle "
+                "sharded gradients; use train.precision=bf16"
+            )
+        super().check(cfg)
+
+    def wrap(self, cfg: Config, model: nn.Module, device: torch.device, gpus: int) -> nn.Module:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        for layer in model.children():
+            if next(layer.parameters(), None) is not None:
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    def scored(self, model: nn.Module) -> nn.Module:
+        """The model with rank 0's buffers on every rank (every rank calls). FSDP leaves
+        buffers, such as BatchNorm's running statistics, to each rank (DDP broadcasts rank 0's
+        at every forward): the ranks then score, and a checkpoint saves, one model."""
+        import torch.distributed as dist
+
+        for buffer in model.buffers():
+            dist.broadcast(buffer, 0)
+        return model
+
+    def model_state(self, model: nn.Module) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(model, options=_whole())
+
+    def save_shards(self, model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+        """Each rank writes its own shards of the model and optimizer state (every rank calls)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
+
+    def load(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> None:
+        """From the shards folder state.pt names (each rank reads its own shards), or from the
+        whole state dicts an older checkpoint holds."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        if "shards_folder" not in state:
+            set_state_dict(model, optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"], options=_whole())  # fmt: skip
+            return
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        # In place: each rank's tensors are filled with its own shards.
+        dcp.load({"model": model_state, "optimizer": optimizer_state},
+                 checkpoint_id=state["shards_folder"])  # fmt: skip
+        set_state_dict(model, optimizer, model_state_dict=model_state,
+                       optim_state_dict=optimizer_state)  # fmt: skip
+
+
+def _whole() -> StateDictOptions:
+    """Whole (unsharded) state dicts on every rank."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True)

@@ -1,0 +1,40 @@
+"""The benchmark script behind the published three-workload table runs on a machine without GPU
+too: every strategy trained on every workload, one table each."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kit import REPO, kit
+
+
+# 15 local jobs: 4 to 9 minutes on 2 cores beside the other workers, past pytest's 600 s default.
+@pytest.mark.timeout(1500)
+def test_workloads_script_on_cpu_gives_one_table_per_workload(tmp_path: Path) -> None:
+    """docs/benchmarks/workloads.sh, at a tiny size: three workloads × five strategies, each a
+    group of its own with every strategy's column (without a GPU the script leaves out the
+    largest-batch searches, which measure nothing there: `make test`'s CPU search runs are in
+    test_benchmark_script_on_cpu_reads_not_measured and tests/test_analysis.py)."""
+    tiny = ["data.train_size=256", "data.test_size=64", "train.epochs=1", f"data.root={tmp_path}"]
+    done = subprocess.run(
+        ["bash", str(REPO / "docs/benchmarks/workloads.sh"), str(tmp_path / "runs"), *tiny,
+         "train.global_batch_size=32"],
+        env={**os.environ, "KIT_PYTHON": sys.executable, "PYTHONPATH": str(REPO),
+             "CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True,
+        text=True,
+        timeout=1400,
+    )  # fmt: skip
+    assert done.returncode == 0 and "run failed" not in done.stderr, done.stdout + done.stderr
+    table = kit("analysis", "summarize", str(tmp_path / "runs")).stdout
+    headings = [line for line in table.splitlines() if line.startswith("## Group")]
+    assert len(headings) == 3
+    assert "convnet" in headings[0] and "synthetic" in headings[0]
+    assert "resnet18" in headings[1] and "patterns 3×32² (10 classes)" in headings[1]
+    assert "patterns 1×28² (100000 classes)" in headings[2]
+    columns = "| metric | DP | DDP | DDP + bf16 hook | ZeRO | FSDP | DDP vs DP |"
+    assert table.count(columns) == 3, table

@@ -1,0 +1,122 @@
+"""The stop signals, held from the first instruction of every process the kit starts in a job.
+
+Slurm sends its time-limit warning (SIGUSR2) and preemption or cancel (SIGTERM) to every process
+of a job step, at any instant: during the interpreter's start, the imports, data preparation, a
+compile, or in a DataLoader, search or compile worker. Left to their default action, both end
+the process ("User defined signal 2"). So a job process blocks both before anything else: a
+blocked signal waits, pending, until the job reads it at its next step boundary (`take`), and
+every process started from then on (data, search and compile workers, `scontrol`) inherits the
+block, so none of them dies of a signal meant for the job. A flag-only handler covers a thread
+that unblocks them.
+
+A forked child (a DataLoader or pool worker, a search worker forked by its server) must still
+end when the job's own processes end it with SIGTERM (`Process.terminate`, which a Pool's exit
+relies on): a thread in it takes the stop signals and ends it on a SIGTERM sent by the process
+that held them or one of its descendants; Slurm's, sent from outside, pass it by. (Standard
+signals do not queue: the job's SIGTERM sent while one from outside is still pending merges into
+it and is lost.) A program a job execs keeps the block: end it with SIGKILL, or unblock the two
+in its preexec_fn.
+
+Standard library only: it runs before the kit's heavy imports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from multiprocessing.context import ForkServerContext
+
+STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+
+HOLDER = "KIT_STOP_SIGNALS_HELD_BY"  # the PID of the process that held them, for its children
+
+_noted: dict[int, float] = {}  # signal -> when the handler saw it first
+
+
+def hold() -> dict[int, Any]:
+    """Block the stop signals and note them from now on; returns the handlers this replaced (a
+    launcher's, such as submitit's checkpoint-and-requeue), not counting this module's own."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    os.environ[HOLDER] = str(os.getpid())
+    before = {signum: signal.signal(signum, _note) for signum in STOP_SIGNALS}
+    return {signum: h for signum, h in before.items() if h is not _note}
+
+
+def _in_forked_child() -> None:
+    if os.environ.get(HOLDER) and signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, []):
+        threading.Thread(target=_child_watch, daemon=True, name="kit-stop-signals").start()
+
+
+def _child_watch() -> None:
+    """A forked child's stop signals: a SIGTERM from the job's own processes ends it."""
+    while True:
+        info = signal.sigwaitinfo(STOP_SIGNALS)
+        if info.si_signo == signal.SIGTERM and _from_the_job(info.si_pid):
+            os._exit(128 + signal.SIGTERM)
+
+
+def _from_the_job(pid: int) -> bool:
+    """Whether `pid` is the process that held the signals or one of its descendants (a parent,
+    a pool's owner), not Slurm's step daemon or a user's `kill` from outside."""
+    holder = int(os.environ.get(HOLDER) or 0)
+    while pid > 1:
+        if pid == holder:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                pid = int(stat.read().rsplit(")", 1)[1].split()[1])  # its parent
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+os.register_at_fork(after_in_child=_in_forked_child)
+
+
+def _note(signum: int, frame: object) -> None:
+    note(signum)
+
+
+def note(signum: int) -> None:
+    """Count a stop signal as seen (by the handler, or by a thread that waited for it)."""
+    _noted.setdefault(signum, time.time())
+
+
+def take() -> dict[int, float]:
+    """The stop signals that came since the last call, each with when it was first seen (for a
+    pending one: now), and consumed: the next call reports only newer ones."""
+    got = dict(_noted)
+    _noted.clear()
+    while (info := signal.sigtimedwait(STOP_SIGNALS, 0)) is not None:
+        got.setdefault(info.si_signo, time.time())
+    return got
+
+
+def forkserver(preload: tuple[str, ...] = ()) -> ForkServerContext:
+    """multiprocessing's forkserver context, its server and workers holding the stop signals
+    (the server imports this module first, so that its forked workers watch them, then the
+    modules in `preload`).
+
+    multiprocessing's resource tracker, started with the first forkserver, unblocks SIGTERM in
+    the process that starts it; started first here, the block is put back before the server is
+    started (it inherits the block, and its workers inherit it from the server)."""
+    import multiprocessing
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    hold()
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__, *preload])
+    return context
+
+
+def ignore() -> None:
+    """From here on the process only ends: a signal now must not fail a job that did its work
+    (an ignored signal that is pending is dropped)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)

@@ -1,0 +1,292 @@
+"""Stopping early: the stop signals, caught from a job's start, and what the job does on one.
+
+On the warning signal before the time limit (SIGUSR2) or on SIGTERM (preemption), a handler only
+sets a flag. The loop asks all ranks at the next optimizer step whether any saw one (one small
+all-reduce), so every rank stops after the same step; the state is saved and the job is requeued
+(through submitit's own handler on the submitit path, `scontrol requeue` on the sbatch path), up
+to cluster.max_requeues times; the restarted job resumes from the checkpoint by itself. Saving
+inside a signal handler can hang a collective, and a handler on rank 0 alone leaves the others
+running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from core import runfolder, slurm
+from core.errors import KitError
+from train import checkpoint, early
+from train.process import Context, LaunchError, Stopped
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+log = logging.getLogger("train")
+
+# Why a job stops early, as agreed by all ranks; a larger code wins when ranks disagree.
+NONE, TIME_LIMIT, PREEMPTED = 0, 1, 2
+
+REASONS = {TIME_LIMIT: "time limit (SIGUSR2)", PREEMPTED: "preemption (SIGTERM)"}
+
+_SIGNALS = {signal.SIGUSR2: TIME_LIMIT, signal.SIGTERM: PREEMPTED}
+
+
+class StopSignals:
+    """Reads the stop signals held since the process's start (`train.early`) and turns them into
+    one decision that every rank agrees on."""
+
+    def __init__(self) -> None:
+        self.seen = NONE
+        self.group: Any = None  # the process group the flag travels on: a CPU (gloo) one
+        self.deadline: float | None = None  # a time-limit stop put off until then (`due`)
+        # Under submitit these are its handlers: the loop hands the requeue back to them.
+        self.before = early.hold()
+
+    def end_at_cancel(self, run_dir: Path, rank: int) -> None:
+        """End this process the moment SIGTERM comes for a run `launch cancel` marked: a cancel
+        writes nothing more, so there is nothing to wait for, and a rank in a long step or a
+        collective would otherwise live on until Slurm's SIGKILL (KillWait, often 30 s). A
+        thread waits for the signal; any other SIGTERM it passes on to the loop, as a flag."""
+        threading.Thread(
+            target=_end_at_cancel, args=(run_dir, rank), daemon=True, name="cancel-watch"
+        ).start()
+
+    def join(self) -> None:
+        """Once the process group exists: a gloo group of all ranks for the flag, so asking at
+        every step costs a few microseconds on the host and never waits for the GPU."""
+        if dist.is_initialized():
+            gloo = dist.get_backend() == "gloo"
+            self.group = dist.group.WORLD if gloo else dist.new_group(backend="gloo")
+
+    def _local(self) -> int:
+        for signum in early.take():
+            self.seen = max(self.seen, _SIGNALS[signal.Signals(signum)])
+        due = self.deadline is not None and time.time() >= self.deadline
+        return max(self.seen, TIME_LIMIT if due else NONE)
+
+    def agreed(self) -> int:
+        """The stop reason any rank saw (NONE if none): every rank gets the same answer."""
+        if self.group is None:
+            return self._local()
+        flag = torch.tensor([self._local()])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return int(flag.item())
+
+    def put_off(self, seconds: float) -> None:
+        """Forget the warning seen so far and stop `seconds` from now instead."""
+        self.seen, self.deadline = NONE, time.time() + seconds
+
+    def from_main(self, value: str) -> str:
+        """Rank 0's `value`, on every rank (on the flag's CPU group: no GPU sync)."""
+        if self.group is None:
+            return value
+        shared = [value]
+        dist.broadcast_object_list(shared, src=0, group=self.group)
+        return str(shared[0])
+
+    def requeue_through_submitit(self) -> str:
+        """submitit's own checkpoint-and-requeue, on rank 0 once the state is saved: its handler
+        calls the submitted Checkpointable's `checkpoint` (a resubmission of the same run
+        folder), stores it for the restart and runs `scontrol requeue`, then raises SystemExit,
+        which is ours to take. '' on success, else why the job was not requeued."""
+        handler = self.before.get(signal.SIGUSR2)
+        if not callable(handler):
+            return "submitit's signal handler is not installed in this process"
+        try:
+            handler(signal.SIGUSR2, None)
+        except SystemExit:
+            return ""
+        except Exception as err:  # `scontrol requeue` failed, or submitit declined to requeue
+            return str(err) or type(err).__name__
+        return "submitit did not requeue the job"
+
+
+EXIT_CANCELLED = 143  # as a process ended by SIGTERM reports itself
+
+
+def _end_at_cancel(run_dir: Path, rank: int) -> None:
+    while True:
+        signal.sigwait({signal.SIGTERM})
+        early.note(signal.SIGTERM)
+        with contextlib.suppress(OSError, KitError):
+            if runfolder.read_meta(run_dir).get("cancel_requested"):
+                log.info("rank %d: cancelled by `launch cancel`: ending now, writing nothing", rank)
+                os._exit(EXIT_CANCELLED)
+
+
+def requeue_id() -> str | None:
+    """The id `scontrol requeue` takes: an array element's own, else the job's; None off Slurm."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"  # the bare array id would requeue every element
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def _slurm_job_id() -> str | None:
+    """The Slurm job to requeue or ask about; None off Slurm and under the local executor."""
+    return requeue_id() if os.environ.get("SUBMITIT_EXECUTOR") != "local" else None
+
+
+def restarts() -> int:
+    """How often Slurm has restarted this job (0 on the first run)."""
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+
+def wait_for_slurm(seconds: float) -> None:
+    """After a requeue or at the end of the allowed requeues: Slurm ends this process itself."""
+    with contextlib.suppress(KeyboardInterrupt):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+
+
+LEAD_SLACK_S = 5  # within this of the lead, a warning is on time
+EARLY_S = 60  # Slurm sends its warning on a periodic check (30 s), so up to this much early
+
+
+def due(ctx: Context) -> int:
+    """The stop every rank acts on now (NONE: train on), asked at agreed step boundaries.
+
+    Slurm's time-limit warning may come earlier than the lead: on its periodic check, up to
+    EARLY_S before it, and at once where the lead is longer than the limit allows
+    (`sbatch --time=1` against the script's `--signal=USR2@90`). Acted on, it would requeue the
+    job before it trained, attempt after attempt. So a warning that came early is put off until
+    the lead is left (a lead of at most half the limit, the rule `launch submit` fits it by); one
+    with far more time left is someone's `scancel --signal=USR2`, acted on at once.
+    """
+    reason = ctx.stops.agreed()
+    if reason != TIME_LIMIT or ctx.stops.deadline is not None:
+        return reason
+    later = ctx.stops.from_main(_put_off_by(ctx) if ctx.env.is_main else "")
+    if not later:
+        return reason
+    ctx.stops.put_off(float(later))
+    return NONE
+
+
+def _put_off_by(ctx: Context) -> str:
+    """Rank 0's word: seconds to put the time-limit stop off by ('' to act now), said in the
+    log and the run folder, where `launch status` shows it."""
+    job_id = _slurm_job_id()
+    times = slurm.time_left(job_id) if job_id else None
+    if times is None:
+        return ""
+    (left, limit), asked = times, ctx.cfg.cluster.signal_delay_s
+    lead = min(asked, limit // 2)
+    if left <= lead + LEAD_SLACK_S or left > max(asked, lead) + EARLY_S:
+        return ""
+    why = (
+        f"its lead (cluster.signal_delay_s={asked}, the script's --signal) is longer than half "
+        "the limit"
+        if asked > limit // 2
+        else "Slurm sent it early"
+    )
+    message = (
+        f"the time-limit warning came with {left} s of the job's {limit} s left: {why}, so the "
+        f"job trains on and saves {lead} s before the end instead"
+    )
+    log.warning("%s", message)
+    ctx.metrics.write("notice", text=message)
+    return str(left - lead)
+
+
+def stop(
+    ctx: Context,
+    reason: int,
+    progress: checkpoint.Progress,
+    state: tuple[nn.Module, Any, Any],
+    saved: bool = False,
+) -> dict[str, Any]:
+    """Stopped early by a signal, after the same step on every rank: save (unless the state on
+    disk is `progress`'s already), then requeue."""
+    cfg, words = ctx.cfg, REASONS[reason]
+    if runfolder.read_meta(ctx.run_dir).get("cancel_requested"):
+        raise Stopped("cancelled by `launch cancel`: stopped without writing")
+    if cfg.train.checkpoint and not saved:  # train.checkpoint=false: a new attempt starts over
+        checkpoint.save(ctx.run_dir, cfg, *state, progress)
+    where = f"epoch {progress.epoch}, batch {progress.batches}"
+    job_id = _slurm_job_id()
+    if job_id is None:
+        _write_stop(ctx, reason, progress)
+        raise Stopped(
+            f"stopped by {words} at {where}, checkpoint saved: continue with "
+            f"`python -m launch resume {ctx.run_dir}`"
+        )
+    if restarts() >= cfg.cluster.max_requeues:
+        return _out_of_requeues(ctx, reason, progress, where)
+    if reason == PREEMPTED:
+        _leave_to_slurm_if_ending(ctx, reason, progress, job_id, where)
+    problem = _requeue(ctx, job_id) if ctx.env.is_main else ""
+    _write_stop(ctx, reason, progress, requeue=job_id)
+    if problem:
+        raise LaunchError(
+            f"stopped by {words} at {where} and saved, but the requeue of job {job_id} failed "
+            f"({problem}): continue with `python -m launch resume {ctx.run_dir}`"
+        )
+    log.info(
+        "rank %d: stopped by %s at %s, saved; job %s requeued", ctx.env.rank, words, where, job_id
+    )
+    wait_for_slurm(600)  # Slurm ends this process as it requeues the job
+    raise Stopped(f"job {job_id} was requeued but this process was not ended")
+
+
+def _requeue(ctx: Context, job_id: str) -> str:
+    """submitit's own checkpoint-and-requeue where submitit started the job, else `scontrol`."""
+    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+        return ctx.stops.requeue_through_submitit()
+    return slurm.requeue(job_id)
+
+
+def _leave_to_slurm_if_ending(
+    ctx: Context, reason: int, progress: checkpoint.Progress, job_id: str, where: str
+) -> None:
+    """SIGTERM comes from Slurm ending the job itself (`scancel`, `scontrol requeue`, preemption)
+    or from elsewhere. Where Slurm is ending it, the kit only saves: Slurm requeues it or not (a
+    requeue of a cancelled job would bring it back), and the saved state serves either way."""
+    # Asked once, by rank 0, and shared: every rank then acts alike, and a large job does not
+    # send Slurm's controller one query per rank while it is preempting.
+    state = ctx.stops.from_main(slurm.queue_state(job_id) if ctx.env.is_main else "")
+    if state in ("", "RUNNING"):
+        return
+    _write_stop(ctx, reason, progress, requeue=None, job_state=state)
+    log.info("rank %d: SIGTERM at %s, saved; Slurm is ending job %s (%s)", ctx.env.rank, where,
+             job_id, state)  # fmt: skip
+    wait_for_slurm(600)
+    raise Stopped(f"stopped by SIGTERM at {where}, saved; Slurm ended job {job_id} ({state})")
+
+
+def _write_stop(ctx: Context, reason: int, progress: checkpoint.Progress, **more: Any) -> None:
+    ctx.metrics.write(
+        "stop",
+        reason=REASONS[reason],
+        epoch=progress.epoch,
+        batches=progress.batches,
+        **more,
+    )
+
+
+def _out_of_requeues(
+    ctx: Context, reason: int, progress: checkpoint.Progress, where: str
+) -> dict[str, Any]:
+    limit = ctx.cfg.cluster.max_requeues
+    _write_stop(ctx, reason, progress, requeue=None, requeues_used=restarts())
+    message = (
+        f"stopped by {REASONS[reason]} at {where}, saved; not requeued: the job was "
+        f"already requeued {restarts()} time(s), cluster.max_requeues={limit}. Continue "
+        f"with `python -m launch resume {ctx.run_dir}`"
+    )
+    log.warning("rank %d: %s", ctx.env.rank, message)
+    if reason == TIME_LIMIT:
+        wait_for_slurm(24 * 3600)  # Slurm ends the job at its limit: TIMEOUT
+    raise Stopped(message)
