@@ -21,6 +21,14 @@ TIMEOUT_S = 10  # a query (status, pending reason): the controller may be slow o
 ACTION_TIMEOUT_S = 30  # scancel, scontrol requeue: worth waiting a little longer for
 _SACCT_FIELDS = ("JobID", "State", "Elapsed", "NodeList")
 
+# How each task of a job starts: a shell that ignores the stop signals, then the task's command.
+# Slurm signals a step's processes at any instant: one that comes while the interpreter starts,
+# before the kit holds it (`train.early`), would end the task ("User defined signal 2"). Ignored,
+# it is lost instead (the disposition holds across exec), and a time-limit warning lost so the
+# job makes up for from the time it has left (`train.stopping.arm`). The shell's own start,
+# before its trap, is the only window left: well under a millisecond.
+TASK_START = ("/bin/sh", "-c", 'trap "" USR2 TERM; exec "$@"', "kit-task")
+
 # Reasons a job waits that time will not cure: it asks for more than the partition, account or
 # QOS allows one job (not a group limit, which frees as other jobs end), or what no node has.
 _NEVER = ("PartitionNodeLimit", "PartitionTimeLimit", "PerJob", "BadConstraints", "Invalid")

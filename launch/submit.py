@@ -35,8 +35,9 @@ from launch.jobs import process_identity
 # torch); the job's own interpreter does, as `python -m train run` does under sbatch.
 JOB_MODULE = "train.job"
 # What submitit starts in each task, ahead of its own runner: the kit's start, which holds the
-# stop signals before anything loads (a warning during start-up must not end the job).
-TASK_PYTHON = f"{shlex.quote(sys.executable)} -u -m train.start"
+# stop signals before anything loads (a warning during start-up must not end the job), started
+# by the shell that ignores them until then.
+TASK_PYTHON = shlex.join([*slurm.TASK_START, sys.executable, "-u", "-m", "train.start"])
 
 
 class Training(submitit.helpers.Checkpointable):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -15,7 +16,8 @@ from pathlib import Path
 
 from kit import REPO, SMALL, kit
 
-from core import runfolder
+from core import runfolder, slurm
+from launch.submit import TASK_PYTHON
 
 STOP = (signal.SIGUSR2, signal.SIGTERM)
 
@@ -56,25 +58,30 @@ if __name__ == "__main__":
 """
 
 
-def _held(pid: int) -> bool:
-    """Whether the process blocks SIGUSR2 and SIGTERM yet (its first instruction has run)."""
+def _covered(pid: int) -> bool:
+    """Whether the process ignores or blocks SIGUSR2 and SIGTERM yet: the task's shell has set
+    its trap, or the kit's first instruction has run."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return False
-    mask = int(re.search(r"^SigBlk:\s*(\w+)", status, re.M).group(1), 16)  # type: ignore[union-attr]
+    masks = (re.search(rf"^{f}:\s*(\w+)", status, re.M) for f in ("SigBlk", "SigIgn"))
+    mask = 0
+    for found in masks:
+        mask |= int(found.group(1), 16) if found else 0
     return all(mask & (1 << (s - 1)) for s in STOP)
 
 
 def _signalled_throughout(command: list[str], env: dict[str, str], signals: tuple[int, ...]):  # type: ignore[no-untyped-def]
     """Run `command` in its own process group (as a job step is) and send `signals` to the whole
-    group every 50 ms from the moment its first instruction has held them until it ends."""
+    group every 50 ms from the moment it ignores or holds them (its first instruction, or the
+    trap of the task's shell) until it ends."""
     process = subprocess.Popen(
         command, cwd=REPO, env=env, start_new_session=True, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     deadline = time.monotonic() + 10
-    while not _held(process.pid) and process.poll() is None and time.monotonic() < deadline:
+    while not _covered(process.pid) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.001)
     sent = 0
     while process.poll() is None and time.monotonic() < deadline + 300:
@@ -100,7 +107,7 @@ def test_no_process_of_a_task_dies_of_the_stop_signals(tmp_path: Path) -> None:
     workers still end when the task itself terminates them."""
     (tmp_path / "probe.py").write_text(PROBE)
     env = {**_env(), "PYTHONPATH": f"{tmp_path}{os.pathsep}{_env()['PYTHONPATH']}"}
-    command = [sys.executable, "-u", "-m", "train.start", "-u", "-m", "probe"]
+    command = [*shlex.split(TASK_PYTHON), "-u", "-m", "probe"]  # as submitit's srun line
     code, out, err, sent = _signalled_throughout(command, env, STOP)
     assert code == 0 and sent > 10, (code, sent, err)
     assert "batches [[0, 1], [2, 3]] squares [0, 1, 4, 9] slept 0" in out
@@ -119,7 +126,7 @@ def test_a_warning_during_start_up_stops_the_job_at_a_step_with_its_state_saved(
     )  # fmt: skip
     assert prepared.returncode == 0, prepared.stderr
     run_dir = Path(prepared.stdout.strip().splitlines()[-1])
-    command = [sys.executable, "-m", "train", "run", str(run_dir)]
+    command = [*slurm.TASK_START, sys.executable, "-m", "train", "run", str(run_dir)]
     code, _, err, sent = _signalled_throughout(command, _env(), (signal.SIGUSR2,))
     assert code == 2 and sent > 10, (code, sent, err)
     assert re.search(
@@ -171,3 +178,11 @@ def test_a_cancelled_rank_ends_at_once_while_it_waits_for_a_stalled_peer(tmp_pat
         for rank in ranks:
             rank.kill()
             rank.wait()
+
+
+def test_both_sbatch_scripts_start_each_task_through_the_shell_that_ignores_them() -> None:
+    """The sbatch path's tasks start as the submit path's do (`core.slurm.TASK_START`)."""
+    for script in ("ddp.sbatch", "dp.sbatch"):
+        text = (REPO / "slurm" / script).read_text()
+        srun = " ".join(text[text.index("\nsrun ") :].replace("\\\n", " ").split())
+        assert f'{shlex.join(slurm.TASK_START)} "$python" -m train run "$run_dir"' in srun, script

@@ -106,6 +106,7 @@ def _run(cfg: Config, env: distenv.DistEnv, run_dir: Path, started: float) -> di
         ctx.startup["python_and_imports"] = round(entered - started, 3)
         ctx.last_mark = entered
         ctx.lap("process_group")
+        stopping.arm(ctx)
         if cfg.task == Task.largest_batch:
             from train import largest_batch  # its worker machinery only where it searches
 

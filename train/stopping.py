@@ -163,10 +163,12 @@ def due(ctx: Context) -> int:
     (`sbatch --time=1` against the script's `--signal=USR2@90`). Acted on, it would requeue the
     job before it trained, attempt after attempt. So a warning that came early is put off until
     the lead is left (a lead of at most half the limit, the rule `launch submit` fits it by); one
-    with far more time left is someone's `scancel --signal=USR2`, acted on at once.
+    with far more time left is someone's `scancel --signal=USR2`, acted on at once. A stop put
+    off (or armed at the start, `arm`) is weighed again when its time comes: the limit may have
+    been extended meanwhile.
     """
     reason = ctx.stops.agreed()
-    if reason != TIME_LIMIT or ctx.stops.deadline is not None:
+    if reason != TIME_LIMIT:
         return reason
     later = ctx.stops.from_main(_put_off_by(ctx) if ctx.env.is_main else "")
     if not later:
@@ -175,9 +177,50 @@ def due(ctx: Context) -> int:
     return NONE
 
 
+def arm(ctx: Context) -> None:
+    """Stop at the lead whether or not Slurm's warning comes, where the job knows at its start
+    that the warning would come early (its lead is longer than half the limit: Slurm warns at
+    once or soon) or may have come already: while no step ran yet (the sbatch script's
+    `launch prepare`) or while a task's interpreter started (`core.slurm.TASK_START`), where it
+    is lost. A warning that does come is put off to the same instant (`due`)."""
+    job_id = _slurm_job_id()
+    if job_id is None:
+        return
+    left = ctx.stops.from_main(_left_at_start(ctx, job_id) if ctx.env.is_main else "")
+    if left:
+        ctx.stops.deadline = time.time() + float(left)
+
+
+def _left_at_start(ctx: Context, job_id: str) -> str:
+    """Rank 0's word: seconds until the job must stop at its lead ('' while the warning is
+    still to come and on time, or where Slurm cannot tell), said as `_put_off_by` says it."""
+    times = slurm.time_left(job_id)
+    if times is None:
+        return ""
+    (left, limit), asked = times, ctx.cfg.cluster.signal_delay_s
+    lead = min(asked, limit // 2)
+    if asked > limit // 2:
+        why = f"{_LONG_LEAD.format(asked=asked)} ({limit} s)"
+    elif left <= asked + LEAD_SLACK_S:  # Slurm sends it once no more than `asked` is left
+        why = (
+            f"{left} s of the job's {limit} s are left at its start, and Slurm's warning may "
+            "have come before the job could hold it"
+        )
+    else:
+        return ""
+    _say(ctx, f"{why}: the job trains on and saves {lead} s before the end, warned or not")
+    return str(max(left - lead, 0))
+
+
+_LONG_LEAD = (
+    "its lead (cluster.signal_delay_s={asked}, the script's --signal) is longer than half the limit"
+)
+
+
 def _put_off_by(ctx: Context) -> str:
     """Rank 0's word: seconds to put the time-limit stop off by ('' to act now), said in the
-    log and the run folder, where `launch status` shows it."""
+    log and the run folder, where `launch status` shows it (once: a warning that comes for a
+    stop already put off or armed at the start is put off without a word)."""
     job_id = _slurm_job_id()
     times = slurm.time_left(job_id) if job_id else None
     if times is None:
@@ -186,19 +229,19 @@ def _put_off_by(ctx: Context) -> str:
     lead = min(asked, limit // 2)
     if left <= lead + LEAD_SLACK_S or left > max(asked, lead) + EARLY_S:
         return ""
-    why = (
-        f"its lead (cluster.signal_delay_s={asked}, the script's --signal) is longer than half "
-        "the limit"
-        if asked > limit // 2
-        else "Slurm sent it early"
-    )
-    message = (
-        f"the time-limit warning came with {left} s of the job's {limit} s left: {why}, so the "
-        f"job trains on and saves {lead} s before the end instead"
-    )
+    why = _LONG_LEAD.format(asked=asked) if asked > limit // 2 else "Slurm sent it early"
+    if ctx.stops.deadline is None:
+        _say(
+            ctx,
+            f"the time-limit warning came with {left} s of the job's {limit} s left: {why}, so "
+            f"the job trains on and saves {lead} s before the end instead",
+        )
+    return str(left - lead)
+
+
+def _say(ctx: Context, message: str) -> None:
     log.warning("%s", message)
     ctx.metrics.write("notice", text=message)
-    return str(left - lead)
 
 
 def stop(
