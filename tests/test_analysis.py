@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from kit import SMALL, kit, records, run_folder
+from kit import SMALL, kit, kit_here, records, run_folder
 
 from analysis.load import FIGURES
 from analysis.table import comparison
@@ -46,7 +46,9 @@ def _copy(run_dir: Path, tmp_path: Path) -> Path:
 
 
 def _summarize(*args: str | Path, cwd: Path | None = None) -> tuple[int, str, str]:
-    done = kit("analysis", "summarize", *map(str, args), cwd=cwd)
+    """`python -m analysis summarize`'s main in this interpreter (it only reads folders); the
+    real process is `test_summarize_speed.py`'s and `--help`'s below."""
+    done = kit_here("analysis", "summarize", *map(str, args), cwd=cwd)
     return done.returncode, done.stdout, done.stderr
 
 

@@ -262,13 +262,16 @@ def test_local_cancel_ends_a_running_job(tmp_path: Path) -> None:
 
 
 def _sweep(tmp: Path, *args: str) -> list[Path]:
+    """A local DDP sweep's run folders, one rank a run (the order of runs is what these tests
+    read)."""
     done = kit(
         "launch",
         "sweep",
         "--modes",
         "ddp",
         *args,
-        *LOCAL,
+        "cluster.backend=local",
+        "cluster.gpus_per_node=1",
         *SMALL_NO_EPOCHS,
         f"output.root={tmp}/runs",
         f"data.root={tmp}/data",
@@ -312,7 +315,7 @@ def test_a_local_sweep_with_a_failed_run_says_which_and_exits_1(tmp_path: Path) 
     tests = Path(__file__).parent
     done = kit(
         "launch", "sweep", "--modes", "ddp", "--grid", "model.name=convnet,test_units:broken_model",
-        *LOCAL, *SMALL_NO_EPOCHS, "train.epochs=1", f"output.root={tmp_path}/runs",
+        "cluster.backend=local", "cluster.gpus_per_node=1", *SMALL_NO_EPOCHS, "train.epochs=1", f"output.root={tmp_path}/runs",
         f"data.root={tmp_path}/data", env={"PYTHONPATH": os.pathsep.join([str(tests), str(REPO)])},
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr

@@ -19,7 +19,7 @@ def test_workloads_script_on_cpu_gives_one_table_per_workload(tmp_path: Path) ->
     group of its own with every strategy's column (without a GPU the script leaves out the
     largest-batch searches, which measure nothing there: `make test`'s CPU search runs are in
     test_benchmark_script_on_cpu_reads_not_measured and tests/test_analysis.py)."""
-    tiny = ["data.train_size=256", "data.test_size=64", "train.epochs=1", f"data.root={tmp_path}"]
+    tiny = ["data.train_size=64", "data.test_size=32", "train.epochs=1", f"data.root={tmp_path}"]
     done = subprocess.run(
         ["bash", str(REPO / "docs/benchmarks/workloads.sh"), str(tmp_path / "runs"), *tiny,
          "train.global_batch_size=32"],
