@@ -15,9 +15,12 @@ from pathlib import Path
 
 import pytest
 from kit import REPO, SMALL, kit, run_folder, wait_for
+from paced import LASTING
 from slurm_cluster import SlurmCluster
 
 from core import runfolder
+
+PACED_WORK = [*LASTING, "train.epochs=50"]
 
 # Loaded by every Python process started with it on PYTHONPATH: rank 1 of a job raises in its
 # first epoch, as a bug in one rank's code would.
@@ -67,7 +70,7 @@ def test_a_stalled_rank_ends_the_job_in_time_and_is_named(tmp_path: Path, backen
     FAILED soon after (on Slurm through `srun --kill-on-bad-exit`), and status names the rank
     that stopped answering."""
     args = ["--mode", "ddp", f"cluster.backend={backend}", "cluster.gpus_per_node=2"]
-    work = ["data.train_size=2048", "data.test_size=256", "train.epochs=50", "dist.timeout_s=10"]
+    work = [*PACED_WORK, "dist.timeout_s=10"]
     where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
     done = kit("launch", "submit", *args, *work, *where)
     assert done.returncode == 0, done.stderr
@@ -101,7 +104,7 @@ def test_a_rank_of_the_second_node_ended_by_a_signal_is_the_one_named(
     `launch submit`'s."""
     monkeypatch.setenv("KIT_PYTHON", sys.executable)
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    work = ["data.train_size=2048", "data.test_size=256", "train.epochs=50", "dist.timeout_s=10"]
+    work = [*PACED_WORK, "dist.timeout_s=10"]
     runs: dict[signal.Signals, Path] = {}
     for signum in (signal.SIGKILL, signal.SIGSEGV, signal.SIGSTOP):
         where = [f"output.root={tmp_path}/{signum.name}", f"data.root={tmp_path}/data"]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from kit import REPO, kit, run_folder
+from paced import PACED
 from slurm_cluster import SlurmCluster, release_hold, wait_job_releasing_holds
 from test_resume import DDP, WORK, _attempts, _final_hashes, _wait_for, uninterrupted
 
@@ -38,7 +39,7 @@ def test_submit_path_requeues_at_the_time_limit_and_resumes(
 ) -> None:
     """(`preempted` and `slow_start` run beside this test.)"""
     done = kit(
-        "launch", "submit", *DDP, "cluster.backend=slurm", "cluster.timeout_min=1",
+        "launch", "submit", *DDP, PACED, "cluster.backend=slurm", "cluster.timeout_min=1",
         "cluster.signal_delay_s=30", "cluster.max_requeues=20", f"output.root={tmp_path}/runs",
         f"data.root={tmp_path}/data",
     )  # fmt: skip
@@ -62,7 +63,7 @@ def test_sbatch_path_saves_and_requeues_on_the_warning_signal(
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     done = slurm_cluster.run(
         "sbatch", "--parsable", "--cpus-per-task=1", "--gpus-per-node=2", "--ntasks-per-node=2",
-        f"--output={tmp_path}/slurm-%j.out", str(REPO / "slurm/ddp.sbatch"), *WORK,
+        f"--output={tmp_path}/slurm-%j.out", str(REPO / "slurm/ddp.sbatch"), *WORK, PACED,
         f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data",
     )  # fmt: skip
     job_id = done.stdout.strip().split(";")[0]
@@ -187,7 +188,7 @@ class Preempted(Beside):
 
     def _steps(self) -> None:
         done = kit(
-            "launch", "submit", *DDP, "data.train_size=1024", "train.epochs=60",
+            "launch", "submit", *DDP, PACED, "train.epochs=60",
             "cluster.backend=slurm", "cluster.timeout_min=1", "cluster.max_requeues=1",
             # Slurm's own warning only 5 s before the limit: attempt 1 has time for an epoch
             # even on a loaded machine; attempt 2 gets the warning from the test.

@@ -12,13 +12,18 @@ from pathlib import Path
 import pytest
 from conftest import SharedRuns
 from kit import kit, run_folder
+from paced import PACED
 
 from core import runfolder
 
 # One thread per rank everywhere: the same arithmetic in every run, so the same parameters.
-# Long enough (about 35 s of training on a quiet 2-core machine) that a 1-minute limit whose
-# warning comes 30 s ahead always interrupts the first attempt.
-WORK = ["data.train_size=3072", "data.test_size=256", "train.epochs=12", "cluster.cpus_per_task=1"]
+# 72 steps; the runs that are stopped pace each step (tests/paced.py: about 4 s an epoch, 50 s
+# in all, their CPU mostly idle) so that a 1-minute limit whose warning comes 30 s ahead always
+# interrupts the first attempt. The reference they end like trains the same unpaced.
+WORK = [
+    "data.train_size=384", "data.test_size=128", "train.global_batch_size=64", "train.epochs=12",
+    "cluster.cpus_per_task=1",
+]  # fmt: skip
 DDP = ["--mode", "ddp", "cluster.gpus_per_node=2", *WORK]
 
 
@@ -58,7 +63,7 @@ def test_local_stop_cancel_and_resumes_end_as_if_never_stopped(
     tmp_path: Path, uninterrupted: str
 ) -> None:
     where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
-    done = kit("launch", "submit", *DDP, "cluster.backend=local", *where)
+    done = kit("launch", "submit", *DDP, PACED, "cluster.backend=local", *where)
     assert done.returncode == 0, done.stderr
     run_dir = run_folder(done.stdout)
     epochs = lambda: runfolder.of_kind(runfolder.read_rank(run_dir, 0), "epoch")  # noqa: E731

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from kit import REPO, SMALL, kit
+from paced import LASTING
 
 from core import runfolder, slurm
 from launch.submit import TASK_PYTHON
@@ -143,7 +144,7 @@ def test_a_cancelled_rank_ends_at_once_while_it_waits_for_a_stalled_peer(tmp_pat
     dist.timeout_s or Slurm's SIGKILL, and writes nothing more."""
     prepared = kit(
         "launch", "prepare", "--mode", "ddp", "cluster.gpus_per_node=2", "cluster.cpus_per_task=1",
-        "data.train_size=2048", "data.test_size=256", "train.epochs=50", "dist.timeout_s=300",
+        *LASTING, "train.epochs=50", "dist.timeout_s=300",
         f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data",
     )  # fmt: skip
     run_dir = Path(prepared.stdout.strip().splitlines()[-1])

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from kit import REPO, SMALL, kit, records, run_folder
+from paced import LASTING
 from slurm_cluster import SlurmCluster, wait_job
 
 from train.distenv import port_for_job
@@ -239,9 +240,8 @@ def test_status_cancel_and_logs(slurm_cluster: SlurmCluster, tmp_path: Path) -> 
         *SUBMIT_DDP,
         "--nodes",
         "2",
+        *LASTING,
         "train.epochs=500",
-        "data.train_size=1024",
-        "data.test_size=256",
         *_kit_env(tmp_path),
     )
     assert done.returncode == 0, done.stderr

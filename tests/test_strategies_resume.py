@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from kit import kit, records
+from paced import PACED
 from test_strategies import TWO_RANKS, _submit
 
 from core import runfolder, strategies
@@ -25,10 +26,11 @@ def test_sharded_run_stopped_and_resumed_ends_as_if_never_stopped(
 ) -> None:
     """Stopped by the time-limit signal inside its second epoch, saved (the shards gathered),
     resumed (the whole state re-sharded): the parameters of the run that was never stopped."""
-    work = ["--mode", mode, *TWO_RANKS, "data.train_size=3072", "data.test_size=256",
-            "train.epochs=3", "cluster.cpus_per_task=1", "cluster.timeout_min=10"]  # fmt: skip
+    work = ["--mode", mode, *TWO_RANKS, "data.train_size=384", "data.test_size=128",
+            "train.global_batch_size=64", "train.epochs=3", "cluster.cpus_per_task=1",
+            "cluster.timeout_min=10"]  # fmt: skip
     reference = _submit(tmp_path / "reference", *work)
-    run_dir = _submit(tmp_path / "stopped", *work, wait=False)
+    run_dir = _submit(tmp_path / "stopped", *work, PACED, wait=False)  # 4 s an epoch: paced
     deadline = time.monotonic() + 180
     while not runfolder.of_kind(runfolder.read_rank(run_dir, 0), "epoch"):
         assert time.monotonic() < deadline, "no epoch within 180 s"

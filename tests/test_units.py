@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from kit import REPO, SMALL, alive, kit, records, run_folder, wait_for
+from paced import LASTING
 
 from core.settings.schema import ConfigError
 from core.slurm import parse_sacct
@@ -231,9 +232,8 @@ def test_local_cancel_ends_a_running_job(tmp_path: Path) -> None:
         "--mode",
         "ddp",
         *LOCAL,
+        *LASTING,
         "train.epochs=50",
-        "data.train_size=4096",
-        "data.test_size=256",
         f"output.root={tmp_path}/runs",
         f"data.root={tmp_path}/data",
     )
@@ -315,8 +315,8 @@ def test_a_local_sweep_with_a_failed_run_says_which_and_exits_1(tmp_path: Path) 
     tests = Path(__file__).parent
     done = kit(
         "launch", "sweep", "--modes", "ddp", "--grid", "model.name=convnet,test_units:broken_model",
-        "cluster.backend=local", "cluster.gpus_per_node=1", *SMALL_NO_EPOCHS, "train.epochs=1", f"output.root={tmp_path}/runs",
-        f"data.root={tmp_path}/data", env={"PYTHONPATH": os.pathsep.join([str(tests), str(REPO)])},
+        "cluster.backend=local", "cluster.gpus_per_node=1", *SMALL_NO_EPOCHS, "train.epochs=1",
+        f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data", env={"PYTHONPATH": os.pathsep.join([str(tests), str(REPO)])},
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.count("submitted job ") == 2
