@@ -151,13 +151,14 @@ def test_bad_submission_creates_nothing(tmp_path: Path) -> None:
 
 
 def test_the_convnet_learns_the_embedded_digits(tmp_path: Path) -> None:
-    """The embedded default is learnable: far above chance (10 %) after a few hundred steps
-    (measured 86.6 % here; the full 10 epochs over 60k reach about 99 %, as real MNIST does)."""
+    """The embedded default is learnable: far above chance (10 %) after 188 steps of 32 (84.6 %
+    on the 2-core build machine; the full 10 epochs over 60k reach about 99 %, as real MNIST
+    does)."""
     sizes = [
-        "data.train_size=6000",
+        "data.train_size=3000",
         "data.test_size=1000",
         "train.epochs=2",
-        "train.global_batch_size=64",
+        "train.global_batch_size=32",
     ]
     done = kit(
         "launch",

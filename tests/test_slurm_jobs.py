@@ -345,7 +345,7 @@ def test_sweep_is_one_array_that_analysis_compares(
         "--grid",
         "train.global_batch_size=256,512",
         "cluster.backend=slurm",
-        "cluster.gpus_per_node=2",
+        "cluster.gpus_per_node=1",
         "cluster.cpus_per_task=1",
         *SBATCH_SMALL,
         *_kit_env(tmp_path),

@@ -31,10 +31,14 @@ def _submit(tmp: Path, *args: str, wait: bool = True) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
+def runs(
+    tmp_path_factory: pytest.TempPathFactory, small_runs: dict[str, Path]
+) -> tuple[Path, dict[str, Path]]:
+    """Each strategy's run of kit.SMALL on two ranks, beside the plain DDP run of the same
+    settings that other files read too (conftest.small_runs: not changed here)."""
     tmp = tmp_path_factory.mktemp("strategies")
     made = {name: _submit(tmp, *args, *TWO_RANKS, *SMALL) for name, args in STRATEGIES.items()}
-    made["ddp"] = _submit(tmp, "--mode", "ddp", *TWO_RANKS, *SMALL)
+    made["ddp"] = small_runs["ddp"]
     return tmp, made
 
 
@@ -143,7 +147,7 @@ def test_fsdp_averages_gradients_as_ddp_does(runs: tuple[Path, dict[str, Path]])
 def test_the_table_shows_each_strategy_beside_dp_and_ddp(
     runs: tuple[Path, dict[str, Path]],
 ) -> None:
-    done = kit("analysis", "summarize", "--root", f"{runs[0]}/runs")
+    done = kit("analysis", "summarize", f"{runs[0]}/runs", str(runs[1]["ddp"]))
     assert done.returncode == 0, done.stderr
     header = next(line for line in done.stdout.splitlines() if line.startswith("| metric"))
     assert header == (
