@@ -239,15 +239,17 @@ wait_for() {   # $1 what, $2 command to poll, rest: logs to show on timeout
 }
 
 # ---------------------------------------------------------------------------------------------
-# MariaDB: a private data directory, no TCP, root authenticates through the socket.
-mariadb-install-db --no-defaults --datadir="$DIR/db/data" --user=root \
+# MariaDB: a private data directory and temporary folder (clusters started side by side name
+# their temporary tables alike in a shared /tmp), no TCP, root authenticates through the socket.
+mkdir -p "$DIR/db/tmp"
+mariadb-install-db --no-defaults --datadir="$DIR/db/data" --tmpdir="$DIR/db/tmp" --user=root \
     --auth-root-authentication-method=socket --skip-test-db --skip-name-resolve \
     >"$DIR/log/mariadb-install.log" 2>&1 ||
     fail_with_logs "mariadb-install-db failed" "$DIR/log/mariadb-install.log"
 # mariadbd does not daemonize: setsid + nohup detach it from the caller's session and output
 # (a caller that captures our stdout would otherwise wait for it forever). The small buffer pool
 # and no fsync keep it light; the data are throwaway.
-setsid nohup mariadbd --no-defaults --user=root --datadir="$DIR/db/data" \
+setsid nohup mariadbd --no-defaults --user=root --datadir="$DIR/db/data" --tmpdir="$DIR/db/tmp" \
     --skip-networking --socket="$MYSQL_SOCKET" --pid-file="$DIR/run/mariadbd.pid" \
     --log-error="$DIR/log/mariadbd.log" --skip-name-resolve \
     --innodb-buffer-pool-size=32M --innodb-log-file-size=16M \
