@@ -138,7 +138,7 @@ class Beside:
     def _steps(self) -> None:
         raise NotImplementedError
 
-    def outcome(self) -> Beside:
+    def outcome(self) -> typing.Self:
         self.thread.join(600)
         if self.error:
             raise self.error
@@ -227,7 +227,7 @@ def preempted(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFact
 
 @pytest.mark.slurm
 def test_preempted_run_resumes_then_out_of_requeues_ends_as_timeout(preempted: Preempted) -> None:
-    run = typing.cast(Preempted, preempted.outcome())
+    run = preempted.outcome()
     assert run.state == "TIMEOUT" and run.released >= 1, (run.state, run.released)
     raw = runfolder.read_records(runfolder.metrics_path(run.run_dir, 0))[0]
     _, second = runfolder.of_kind(raw, "start")
@@ -249,7 +249,7 @@ def test_a_warning_lost_while_the_interpreter_starts_still_stops_the_job_at_its_
     """Slurm's warning came while each task's interpreter started (ignored there: it is lost,
     and ends nothing); the job read its time left at its start and saved at the lead anyway,
     requeued and completed."""
-    run = typing.cast(SlowStart, slow_start.outcome())
+    run = slow_start.outcome()
     assert run.state == "COMPLETED" and "User defined signal" not in run.out, (run.state, run.out)
     records = runfolder.read_rank(run.run_dir, 0)
     assert [e["epoch"] for e in runfolder.of_kind(records, "epoch")] == [1, 2, 3]

@@ -194,11 +194,10 @@ def arm(ctx: Context) -> None:
 def _left_at_start(ctx: Context, job_id: str) -> str:
     """Rank 0's word: seconds until the job must stop at its lead ('' while the warning is
     still to come and on time, or where Slurm cannot tell), said as `_put_off_by` says it."""
-    times = slurm.time_left(job_id)
+    times = _times(ctx, job_id)
     if times is None:
         return ""
-    (left, limit), asked = times, ctx.cfg.cluster.signal_delay_s
-    lead = min(asked, limit // 2)
+    left, limit, asked, lead = times
     if asked > limit // 2:
         why = f"{_LONG_LEAD.format(asked=asked)} ({limit} s)"
     elif left <= asked + LEAD_SLACK_S:  # Slurm sends it once no more than `asked` is left
@@ -222,11 +221,10 @@ def _put_off_by(ctx: Context) -> str:
     log and the run folder, where `launch status` shows it (once: a warning that comes for a
     stop already put off or armed at the start is put off without a word)."""
     job_id = _slurm_job_id()
-    times = slurm.time_left(job_id) if job_id else None
+    times = _times(ctx, job_id) if job_id else None
     if times is None:
         return ""
-    (left, limit), asked = times, ctx.cfg.cluster.signal_delay_s
-    lead = min(asked, limit // 2)
+    left, limit, asked, lead = times
     if left <= lead + LEAD_SLACK_S or left > max(asked, lead) + EARLY_S:
         return ""
     why = _LONG_LEAD.format(asked=asked) if asked > limit // 2 else "Slurm sent it early"
@@ -237,6 +235,16 @@ def _put_off_by(ctx: Context) -> str:
             f"the job trains on and saves {lead} s before the end instead",
         )
     return str(left - lead)
+
+
+def _times(ctx: Context, job_id: str) -> tuple[int, int, int, int] | None:
+    """(seconds left, the limit, the lead asked for, the lead acted on: at most half the limit)
+    of the running job; None where Slurm cannot tell."""
+    times = slurm.time_left(job_id)
+    if times is None:
+        return None
+    (left, limit), asked = times, ctx.cfg.cluster.signal_delay_s
+    return left, limit, asked, min(asked, limit // 2)
 
 
 def _say(ctx: Context, message: str) -> None:
