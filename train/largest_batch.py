@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import logging
 import os
 import signal
@@ -104,6 +105,9 @@ class Spec:
     job_pid: int = field(default_factory=os.getpid)  # the job process, made in it
 
 
+_SEARCHES = itertools.count()  # this process's searches so far
+
+
 class Trials:
     """fits(global_batch) for `search`, for this rank: a fresh worker runs each trial, every
     rank's job process calls it with the same sizes in the same order, and all agree on each
@@ -113,7 +117,10 @@ class Trials:
         self.spec = spec
         self.timeout_s = spec.cfg.dist.timeout_s
         self.store = _connect(spec) if spec.store else None
-        self.trial = 0  # trials made, the same count on every rank: it names the store's keys
+        # The store's keys are named by the search and the trial, counted alike on every rank:
+        # a job process may search more than once (its ranks in the same order).
+        self.search = next(_SEARCHES)
+        self.trial = 0
         self.worker: BaseProcess | None = None
         self.conn: Connection | None = None
         # Workers are forked from a server that imported torch and the kit once (this process
@@ -199,7 +206,7 @@ class Trials:
         return max((what for what, _ in said), key=WORST.index), details
 
     def _key(self, name: str) -> str:
-        return f"maxbatch/trial{self.trial}/{name}"
+        return f"maxbatch/search{self.search}/trial{self.trial}/{name}"
 
 
 def _connect(spec: Spec) -> dist.TCPStore:
