@@ -441,11 +441,28 @@ FOLLOW_GRACE_S = 10  # a job whose rank failed is COMPLETING for a moment: no wo
 def _say_pending(
     job: submitit.Job[Any], run_dir: Path, said: str, say: Callable[[str], None]
 ) -> str:
-    """Say why the job waits, when that changes (a job that can never start waits silently)."""
+    """Say why the job waits, when that changes (a job that can never start waits silently);
+    for one that ran and waits again, that Slurm requeued it, why, and where it goes on."""
     reason = slurm.pending_reason(str(job.job_id)) or ""
     if reason and reason != said:
-        say(f"job {job.job_id} pending: {reason} (`python -m launch cancel {run_dir}`)")
+        again = _requeued(run_dir)
+        say(f"job {job.job_id} {again}pending: {reason} (`python -m launch cancel {run_dir}`)")
     return reason
+
+
+def _requeued(run_dir: Path) -> str:
+    """'requeued (…), ' for a job whose ranks have started before, else ''."""
+    records = runfolder.read_rank(run_dir, 0)
+    if not runfolder.of_kind(records, "start"):
+        return ""
+    lost = slurm.unanswering(runfolder.nodes_of(run_dir))
+    why = [f"node {node} is not answering Slurm ({word})" for node, word in lost.items()]
+    stops = runfolder.of_kind(records, "stop")
+    if stops:
+        why.append(f"saved in epoch {stops[-1]['epoch']} after batch {stops[-1]['batches']}")
+    else:
+        why.append("it goes on from its last checkpoint")
+    return f"requeued ({'; '.join(why)}), "
 
 
 def interrupted(job: submitit.Job[Any], run_dir: Path) -> str:

@@ -4,17 +4,20 @@ job's ranks talk across a real network stack and a test can cut a node's link.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import _first_job_id, _why_no_slurm
-from kit import REPO, kit, run_folder
-from slurm_cluster import SlurmCluster, wait_job_releasing_holds
+from kit import REPO, kit, run_folder, wait_for
+from paced import LASTING
+from slurm_cluster import SlurmCluster, release_hold, wait_job_releasing_holds
 
 from core import runfolder
 
@@ -53,6 +56,80 @@ def _links(cluster: SlurmCluster) -> dict[str, str]:
     """node name -> the host end of its veth pair."""
     rows = (cluster.dir / "run" / "netns").read_text().split("\n")
     return {row.split()[2]: row.split()[1] for row in rows if row.strip()}
+
+
+def _namespaces(cluster: SlurmCluster) -> dict[str, str]:
+    """node name -> its network namespace."""
+    rows = (cluster.dir / "run" / "netns").read_text().split("\n")
+    return {row.split()[2]: row.split()[0] for row in rows if row.strip()}
+
+
+def _in_namespace(cluster: SlurmCluster, node: str, *command: str, input: str = "") -> str:
+    """Run a command in the node's network namespace (nsenter, as the node's slurmd runs there;
+    `ip netns exec` would remount /sys)."""
+    ns = _namespaces(cluster)[node]
+    done = subprocess.run(
+        ["nsenter", f"--net=/run/netns/{ns}", *command], input=input, capture_output=True, text=True
+    )
+    assert done.returncode == 0, (command, done.stderr)
+    return done.stdout
+
+
+def _follow(tmp_path: Path, *settings: str) -> subprocess.Popen[str]:
+    """`launch submit --wait` of a 2-node DDP job on the namespaced cluster, followed in the
+    background."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "launch", "submit", "--mode", "ddp", "--nodes", "2",
+         "cluster.backend=slurm", "cluster.gpus_per_node=1", "cluster.cpus_per_task=1",
+         *settings, f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data", "--wait"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _releasing_holds(cluster: SlurmCluster) -> Iterator[None]:
+    """Slurm holds a job it requeued for two minutes (BeginTime) before it may start again:
+    while a test follows the job, release such a hold after HELD_S (long enough for `--wait`,
+    which asks every 10 s, to see and say it) rather than sleep it out."""
+    done, held = threading.Event(), dict[str, float]()
+
+    def release() -> None:
+        while not done.wait(1):
+            queue = cluster.run("squeue", "-h", "-o", "%i %T|%r").stdout.split("\n")
+            for job_id, queued in (row.split(" ", 1) for row in queue if row.strip()):
+                if not queued.startswith("PENDING"):
+                    held.pop(job_id, None)
+                elif time.monotonic() - held.setdefault(job_id, time.monotonic()) > HELD_S:
+                    release_hold(job_id, cluster.env, queued)
+
+    thread = threading.Thread(target=release, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+HELD_S = 25
+
+
+def _epochs(run_dir: Path, rank: int = 0) -> list[int]:
+    return [e["epoch"] for e in runfolder.of_kind(runfolder.read_rank(run_dir, rank), "epoch")]
+
+
+def _first_epoch(tmp_path: Path, following: subprocess.Popen[str]) -> Path:
+    """The run folder, once rank 0 has recorded its first epoch."""
+    deadline = time.monotonic() + 300
+    while not (runs := runfolder.find_runs(tmp_path / "runs")) or not _epochs(runs[0]):
+        assert time.monotonic() < deadline and following.poll() is None, "no first epoch"
+        time.sleep(0.5)
+    return runs[0]
+
+
+def _attempts(run_dir: Path) -> list[dict[str, object]]:
+    """Rank 0's start records over every attempt of the job (not only the last)."""
+    return runfolder.of_kind(runfolder.read_records(runfolder.metrics_path(run_dir, 0))[0], "start")
 
 
 def _nodes_of_ranks(run_dir: Path, ranks: int) -> list[str]:
@@ -95,42 +172,114 @@ def test_a_node_whose_link_goes_down_for_good_is_requeued_onto_healthy_nodes(
     """Mid-epoch, rank 1's node loses its link for good. Rank 0 gives up after dist.timeout_s;
     Slurm marks the node DOWN and requeues the job onto the two healthy nodes, where it resumes
     from its checkpoint and completes; `--wait` follows it there and exits 0."""
-    following = subprocess.Popen(
-        [sys.executable, "-m", "launch", "submit", "--mode", "ddp", "--nodes", "2",
-         "cluster.backend=slurm", "cluster.gpus_per_node=1", *WORK, "train.epochs=6",
-         "dist.timeout_s=20", f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data",
-         "--wait"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 300
-    while not (runs := runfolder.find_runs(tmp_path / "runs")) or not runfolder.of_kind(
-        runfolder.read_rank(runs[0], 0), "epoch"
-    ):
-        assert time.monotonic() < deadline and following.poll() is None, "no first epoch"
-        time.sleep(0.5)
-    run_dir = runs[0]
+    following = _follow(tmp_path, *WORK, "train.epochs=6", "dist.timeout_s=20")
+    run_dir = _first_epoch(tmp_path, following)
     lost = _nodes_of_ranks(run_dir, 2)[1]
     link = _links(on_netns)[lost]
     subprocess.run(["ip", "link", "set", link, "down"], check=True)
     try:
-        out, _ = following.communicate(timeout=600)
+        with _releasing_holds(on_netns):
+            out, _ = following.communicate(timeout=600)
     finally:
         following.kill()
         subprocess.run(["ip", "link", "set", link, "up"], check=False)
-        subprocess.run(
-            ["scontrol", "update", f"nodename={lost}", "state=resume"],
-            check=False,
-            env={**os.environ},
-        )
+        _resume_node(on_netns, lost)
     assert following.returncode == 0, out
     assert "but Slurm says RUNNING" in out and "done:" in out, out
     assert f"node {lost} is not answering Slurm" in out, out  # the node named, not only a rank
-    starts = runfolder.of_kind(
-        runfolder.read_records(runfolder.metrics_path(run_dir, 0))[0], "start"
-    )
+    starts = _attempts(run_dir)
     assert len(starts) >= 2 and (starts[-1]["first_epoch"] > 1 or starts[-1]["resumed_at_batch"]), (
         starts
     )
     assert lost not in _nodes_of_ranks(run_dir, 2)  # the last attempt ran on healthy nodes
-    epochs = [e["epoch"] for e in runfolder.of_kind(runfolder.read_rank(run_dir, 0), "epoch")]
-    assert epochs == list(range(1, 7))
+    assert _epochs(run_dir) == list(range(1, 7))
+
+
+def test_a_link_down_for_20_s_then_slow_and_lossy_costs_time_not_the_run(
+    on_netns: SlurmCluster, tmp_path: Path
+) -> None:
+    """Mid-epoch, rank 1's node loses its link for 20 s; once it is back, the node's link is
+    throttled for the rest of the run (50 Mbit/s, up to 200 ms queued: tbf) and drops 5 % of
+    what it sends (nftables; this kernel has no netem). Gloo's connections ride both out within
+    dist.timeout_s: the job slows, and completes with every epoch once and its ranks in step."""
+    epochs = 6
+    following = _follow(tmp_path, *LASTING, f"train.epochs={epochs}", "dist.timeout_s=60")
+    run_dir = _first_epoch(tmp_path, following)
+    node = _nodes_of_ranks(run_dir, 2)[1]
+    link = _links(on_netns)[node]
+    try:
+        subprocess.run(["ip", "link", "set", link, "down"], check=True)
+        time.sleep(20)
+        subprocess.run(["ip", "link", "set", link, "up"], check=True)
+        assert wait_for(lambda: len(_epochs(run_dir)) >= 3, 120), "no epoch after the flap"
+        _in_namespace(on_netns, node, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
+                      "rate", "50mbit", "burst", "64kb", "latency", "200ms")  # fmt: skip
+        _in_namespace(on_netns, node, "nft", "-f", "-", input=LOSSY)
+        out, _ = following.communicate(timeout=600)
+        dropped = _in_namespace(on_netns, node, "nft", "list", "table", "inet", "kitloss")
+    finally:
+        following.kill()
+        subprocess.run(["ip", "link", "set", link, "up"], check=False)
+        _heal(on_netns, node)
+    assert following.returncode == 0 and "done:" in out, out
+    assert "failed" not in out and "Slurm says" not in out, out  # no rank gave up
+    assert _epochs(run_dir) == list(range(1, epochs + 1)) == _epochs(run_dir, 1)
+    slowest = max(
+        e["seconds"] or 0 for e in runfolder.of_kind(runfolder.read_rank(run_dir, 0), "epoch")
+    )
+    assert slowest >= 20, slowest  # the flap was felt: the epoch it struck waited it out
+    assert int(dropped.split("counter packets ")[1].split()[0]) > 0, dropped  # loss was real
+    summaries = [runfolder.of_kind(runfolder.read_rank(run_dir, r), "summary")[-1] for r in (0, 1)]
+    assert summaries[0]["parameters_sha256"] == summaries[1]["parameters_sha256"]
+
+
+def test_a_node_whose_slurmd_dies_is_requeued_onto_healthy_nodes(
+    on_netns: SlurmCluster, tmp_path: Path
+) -> None:
+    """Mid-epoch, the slurmd of rank 1's node is killed (SIGKILL; its job's processes run on).
+    Slurm marks the node DOWN once it misses its pings (SlurmdTimeout) and requeues the job: the
+    ranks it reaches stop at an agreed step and save; the next attempt runs on the healthy nodes,
+    resumes there and completes. `--wait` says in one line that the job was requeued and names
+    the node, follows it, and exits 0."""
+    epochs = 20  # paced, about 4 s an epoch: still training when Slurm gives the node up
+    following = _follow(tmp_path, *LASTING, f"train.epochs={epochs}", "dist.timeout_s=20")
+    run_dir = _first_epoch(tmp_path, following)
+    node = _nodes_of_ranks(run_dir, 2)[1]
+    pid = int((on_netns.dir / "run" / f"slurmd-{node}.pid").read_text())
+    os.kill(pid, 9)
+    try:
+        with _releasing_holds(on_netns):
+            out, _ = following.communicate(timeout=600)
+    finally:
+        following.kill()
+        subprocess.run(["bash", str(REPO / "slurm/testcluster/slurmd.sh"), str(on_netns.dir), node],
+                       check=False)  # fmt: skip
+        _resume_node(on_netns, node)
+    assert following.returncode == 0 and "done:" in out, out
+    assert f"requeued (node {node} is not answering Slurm (down" in out, out  # one line says why
+    assert len(_attempts(run_dir)) >= 2, _attempts(run_dir)
+    assert node not in _nodes_of_ranks(run_dir, 2)
+    assert _epochs(run_dir) == list(range(1, epochs + 1))
+
+
+LOSSY = """table inet kitloss {
+    chain out {
+        type filter hook output priority 0; policy accept;
+        oifname "eth0" numgen random mod 100 < 5 counter drop
+    }
+}
+"""
+
+
+def _heal(cluster: SlurmCluster, node: str) -> None:
+    """Take the throttle and the loss off the node's link again."""
+    ns = _namespaces(cluster)[node]
+    for command in (["tc", "qdisc", "del", "dev", "eth0", "root"],
+                    ["nft", "delete", "table", "inet", "kitloss"]):  # fmt: skip
+        subprocess.run(["nsenter", f"--net=/run/netns/{ns}", *command], capture_output=True)
+    _resume_node(cluster, node)
+
+
+def _resume_node(cluster: SlurmCluster, node: str) -> None:
+    """Put a node that Slurm marked DOWN back into service for the next test."""
+    cluster.run("scontrol", "update", f"nodename={node}", "state=resume")

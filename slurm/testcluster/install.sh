@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Install Debian's Slurm (controller, node daemon, clients, accounting daemon), MariaDB and iproute2,
-# everything slurm/testcluster/start.sh needs. Idempotent: when all programs are present it
-# only prints one line and returns at once (no apt-get at all).
+# Install Debian's Slurm (controller, node daemon, clients, accounting daemon), MariaDB, iproute2
+# and nftables: everything slurm/testcluster/start.sh and the network tests need. Idempotent:
+# when all programs are present it only prints one line and returns at once (no apt-get at all).
 set -euo pipefail
 
-PACKAGES=(slurmctld slurmd slurm-client slurmdbd mariadb-server iproute2)
+PACKAGES=(slurmctld slurmd slurm-client slurmdbd mariadb-server iproute2 nftables)
 # One program per package: if all of them are on PATH there is nothing to do.
-PROGRAMS=(slurmctld slurmd sbatch sdiag slurmdbd mariadbd mariadb-install-db mariadb-admin ip)
+PROGRAMS=(slurmctld slurmd sbatch sdiag slurmdbd mariadbd mariadb-install-db mariadb-admin ip nft)
 
 slurm_version() { dpkg-query -W -f='${Version}' slurmctld 2>/dev/null || echo '?'; }
 

@@ -272,9 +272,8 @@ slurmctld -i -f "$DIR/slurm.conf" </dev/null >>"$DIR/log/slurmctld.log" 2>&1 ||
 
 # Network namespaces: a bridge with the controller's address, and per node a namespace whose
 # veth pair (host end kv<NET_ID>n<K>, named in run/netns for stop.sh and for tests) plugs into
-# it. Each slurmd runs there with its own hostname and an /etc/hosts naming every node (bound
-# over the real one in a mount namespace of its own); `ip netns exec` would remount /sys and
-# slurmd would lose its view of the processes it tracks.
+# it. Each slurmd runs there with its own hostname and an /etc/hosts naming every node
+# (slurmd.sh).
 if [[ $NETNS == 1 ]]; then
     ip link add "$BRIDGE" type bridge && ip addr add "$CTLD_ADDR/24" dev "$BRIDGE" &&
         ip link set "$BRIDGE" up || die "cannot make bridge $BRIDGE (root and iproute2 needed)"
@@ -296,15 +295,7 @@ fi
 
 for ((i = 1; i <= NODES; i++)); do
     n=$(node_name "$i")
-    if [[ $NETNS == 1 ]]; then
-        nsenter --net="/run/netns/kn${NET_ID}n$i" unshare --mount --uts sh -c \
-            "hostname $n && mount --bind '$DIR/hosts' /etc/hosts && exec slurmd -N $n -f '$DIR/slurm.conf'" \
-            </dev/null >>"$DIR/log/slurmd-$n.log" 2>&1 ||
-            fail_with_logs "slurmd $n did not start in its namespace" "$DIR/log/slurmd-$n.log"
-    else
-        slurmd -N "$n" -f "$DIR/slurm.conf" </dev/null >>"$DIR/log/slurmd-$n.log" 2>&1 ||
-            fail_with_logs "slurmd $n did not start" "$DIR/log/slurmd-$n.log"
-    fi
+    "$HERE/slurmd.sh" "$DIR" "$n" || fail_with_logs "slurmd $n did not start" "$DIR/log/slurmd-$n.log"
 done
 
 # ---------------------------------------------------------------------------------------------
