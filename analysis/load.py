@@ -378,6 +378,12 @@ def _missing(cfg: Config, ranks: dict[int, Rank]) -> str:
     absent = [rank for rank in expected if not ranks.get(rank, {}).get("start")]
     if absent:
         return f"no start record from rank(s) {', '.join(map(str, absent))} of {len(expected)}"
+    summary = (ranks[0].get("summary") or [{}])[-1]
+    if summary.get("diverged_epoch") is not None:
+        return (
+            f"diverged (test loss {summary.get('final_test_loss')} in epoch "
+            f"{summary['diverged_epoch']}), so its figures are not compared"
+        )
     done = min(len(ranks[rank].get("epoch", [])) for rank in expected)
     if done < cfg.train.epochs:
         return f"{done} of {cfg.train.epochs} epochs done on every rank (job running or failed)"

@@ -38,6 +38,12 @@ def find(key: str, spec: str) -> Callable[..., Any]:
             f"Python path: install the package, or add its folder to PYTHONPATH where you launch "
             f"(the job inherits it). Python path here: {':'.join(sys.path[1:4])}…"
         ) from None
+    except SystemExit as end:  # script code run on import: nothing would be made, nor said
+        raise FactoryError(
+            f"{key}={spec}: importing {module_name} ended the program (sys.exit({end.code!r})): "
+            "a module the job imports must not exit; keep script code under "
+            '`if __name__ == "__main__":`'
+        ) from None
     except Exception as err:  # the user's module itself failed while importing
         raise FactoryError(
             f"{key}={spec}: importing {module_name} failed: {type(err).__name__}: {err}"
@@ -75,7 +81,10 @@ def call(key: str, spec: str, *args: Any, **kwargs: Any) -> Any:
     """Find the factory and call it, after checking it takes the contract's arguments."""
     function = find(key, spec)
     _check_signature(key, spec, function, args, kwargs)
-    return function(*args, **kwargs)
+    try:
+        return function(*args, **kwargs)
+    except SystemExit as end:  # a rank ending "successfully" with nothing trained
+        raise broken(key, spec, f"ended the program (sys.exit({end.code!r})) when called") from None
 
 
 def _check_signature(

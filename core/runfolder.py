@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import fcntl
+import functools
+import glob
 import json
+import logging
 import os
 import re
 import secrets
@@ -38,8 +42,12 @@ STATE = "checkpoints/state.pt"  # the whole training state a job resumes from
 # A sharded strategy's (FSDP's) model and optimizer state: one torch.distributed.checkpoint
 # folder per save, each rank writing its own shards; state.pt names the one it belongs to.
 SHARDS = "checkpoints/shards"
+CLAIM = ".submitting"  # locked while a launcher checks the folder is free and submits into it
 KINDS = ("start", "epoch", "notice", "stop", "error", "summary")
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9@+=:,./_-]+")  # needs no shell quoting; no Slurm % pattern
+
+
+log = logging.getLogger("kit")
 
 
 class RunFolderError(KitError):
@@ -113,7 +121,9 @@ def create(cfg: Config, launcher: str, backend: str, command: list[str]) -> Path
     staging = None
     try:
         root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+        _clear_stale_staging(root)
+        staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(), dir=root))
+        staging.chmod(0o777 & ~_umask())  # as mkdir makes it: the group may read runs
         (staging / CONFIG).write_text(to_yaml(cfg))
         (staging / LOGS).mkdir()
         return _publish(staging, cfg, launcher, backend, command)
@@ -129,6 +139,43 @@ def create(cfg: Config, launcher: str, backend: str, command: list[str]) -> Path
                 "free space there or point output.root at another folder"
             ) from None
         raise
+
+
+STAGING = ".staging-"  # then the host and PID that assemble the folder
+
+
+def _staging_prefix() -> str:
+    return f"{STAGING}{socket.gethostname()}-{os.getpid()}-"
+
+
+def _clear_stale_staging(root: Path) -> None:
+    """Remove the staging folders of launchers of this host that were killed while they made a
+    run folder (SIGKILL, or SIGTERM's default: no clean-up ran). Another host's are left: its
+    PIDs cannot be checked from here."""
+    host = socket.gethostname()
+    for staging in root.glob(f"{STAGING}{glob.escape(host)}-*"):
+        pid = staging.name[len(STAGING) + len(host) + 1 :].split("-", 1)[0]
+        if pid.isdigit() and not _process_exists(int(pid)):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+@functools.cache
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask sets it, racing other threads)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        status = Path("/proc/self/status").read_text().splitlines()
+        return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
+    return 0o022
 
 
 def _publish(staging: Path, cfg: Config, launcher: str, backend: str, command: list[str]) -> Path:
@@ -187,13 +234,51 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
             f"{path} has schema {meta['schema']}, newer than this kit's {SCHEMA}: "
             "read it with the newer kit that wrote it (pip install -U the kit)"
         )
+    if misfit := _misfit_fields(meta, _META_FIELDS):
+        raise RunFolderError(f"{path} is damaged: {misfit}")
     return meta
+
+
+# run.json's fields that readers use, and the types each may have (see _FIELDS).
+_META_FIELDS: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(("run_id", "mode", "backend", "launcher", "created", "host"), (str,)),
+    **dict.fromkeys(("job_id", "submit_error", "job_process"), (str, type(None))),
+    **dict.fromkeys(("jobs", "logs", "command"), (list,)),
+    "config": (dict,),
+    "cancel_requested": (bool, type(None)),
+}
 
 
 def update_meta(run_dir: Path, **fields: Any) -> dict[str, Any]:
     meta = {**read_meta(run_dir), **fields}
     _write_json(run_dir / META, meta)
     return meta
+
+
+@contextlib.contextmanager
+def claimed(run_dir: Path, wait_s: float = 120) -> Iterator[None]:
+    """One launcher at a time submits into a run folder: hold this while checking that no job of
+    the folder is live and recording the job submitted, so that a second `launch resume` started
+    at the same moment waits, then finds the first one's job and refuses. The lock (flock) goes
+    with the process that holds it, a killed launcher's included."""
+    try:
+        handle = open(run_dir / CLAIM, "a")  # noqa: SIM115 (held open for the lock's lifetime)
+    except OSError as err:
+        raise RunFolderError(f"cannot lock {run_dir} for the submission: {err.strerror}") from None
+    with handle:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RunFolderError(
+                        f"another launcher has been submitting into {run_dir.name} for "
+                        f"{wait_s:.0f} s: see `python -m launch status {run_dir}`"
+                    ) from None
+                time.sleep(0.1)
+        yield
 
 
 def read_config(run_dir: Path) -> Config:
@@ -417,11 +502,17 @@ class RecordWriter:
 
 
 def read_records(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every whole record of one file, and a warning per line that could not be used."""
-    text = _read_bytes(path).decode(errors="replace")  # a bad byte spoils its line, not the file
+    """Every whole record of one file, and a warning per line that could not be used (a file
+    that cannot be read at all is one warning)."""
+    try:
+        text = _read_bytes(path).decode(errors="replace")  # a bad byte spoils its line only
+    except OSError as err:  # unreadable by this user, say: the other ranks' files still count
+        return [], [f"{path}: cannot be read ({err.strerror}), skipped"]
     try:  # one parse for the whole file: the common case, and the fast one
         parsed = json.loads("[" + ",".join(text.splitlines()) + "]")
-        if all(isinstance(r, dict) and r.get("schema") == SCHEMA and "kind" in r for r in parsed):
+        if all(
+            isinstance(r, dict) and r.get("schema") == SCHEMA and not _misfit(r) for r in parsed
+        ):
             return parsed, []
     except ValueError:
         pass
@@ -451,7 +542,80 @@ def _parse_line(line: str) -> tuple[dict[str, Any], str]:
         )
     if schema != SCHEMA:
         return {}, f"schema {schema!r} skipped: not a record of this kit (it reads {SCHEMA})"
+    if misfit := _misfit(record):
+        return {}, f"record skipped: {misfit}"
     return record, ""
+
+
+_INT, _NUMBER, _TEXT = (int,), (int, float), (str,)
+_MAYBE_INT, _MAYBE_NUMBER, _MAYBE_TEXT = (
+    (int, type(None)),
+    (int, float, type(None)),
+    (str, type(None)),
+)
+# The fields that readers compute with, by kind, and the types each may have: a record holding one
+# of another type (a hand edit, another tool's line) is skipped with a warning, like a line cut
+# short, instead of failing every command that reads the run.
+_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "*": {"kind": _TEXT, "time": _NUMBER, "rank": _INT},
+    "start": {
+        **dict.fromkeys(("pid", "world_size", "gpu_count", "first_epoch", "restarts"), _INT),
+        **dict.fromkeys(("train_samples", "test_samples", "epochs", "global_batch"), _INT),
+        **dict.fromkeys(("host", "mode", "task", "backend", "torch"), _TEXT),
+        **dict.fromkeys(("node", "job_id", "device_name"), _MAYBE_TEXT),
+        "startup_s": _MAYBE_NUMBER,
+        "startup_parts": (dict, type(None)),
+        "resumed_at_batch": _MAYBE_INT,
+    },
+    "epoch": {
+        "epoch": _INT,
+        "samples": _MAYBE_INT,
+        "resumed_at_batch": _MAYBE_INT,
+        **dict.fromkeys(
+            ("seconds", "samples_per_s", "train_loss", "test_loss", "test_accuracy"), _MAYBE_NUMBER
+        ),
+        **dict.fromkeys(
+            ("eval_seconds", "step_ms_p50", "step_ms_p90", "step_ms_p99"), _MAYBE_NUMBER
+        ),
+    },
+    "summary": {
+        **dict.fromkeys(("train_seconds", "total_seconds", "tolerance"), _MAYBE_NUMBER),
+        **dict.fromkeys(("final_test_loss", "final_test_accuracy"), _MAYBE_NUMBER),
+        **dict.fromkeys(
+            ("epochs", "largest_global_batch", "ceiling", "diverged_epoch"), _MAYBE_INT
+        ),
+        **dict.fromkeys(("checkpoint", "parameters_sha256"), _MAYBE_TEXT),
+        **dict.fromkeys(("gpus", "trials"), (list,)),
+    },
+    "stop": {
+        "reason": _TEXT,
+        **dict.fromkeys(("epoch", "batches", "requeues_used"), _INT),
+        "requeue": (str, int, type(None)),
+        "slurm_state": _MAYBE_TEXT,
+    },
+    "error": {
+        **dict.fromkeys(("error", "host", "traceback_tail"), _TEXT),
+        "node": _MAYBE_TEXT,
+        "kit_error": (bool,),
+        "stood_still_s": _MAYBE_NUMBER,
+    },
+    "notice": {"text": _TEXT},
+}
+
+
+def _misfit(record: dict[str, Any]) -> str:
+    """'' for a record whose known fields have their types; else the first that has not."""
+    return _misfit_fields(record, {**_FIELDS["*"], **_FIELDS.get(str(record.get("kind")), {})})
+
+
+def _misfit_fields(values: dict[str, Any], fields: dict[str, tuple[type, ...]]) -> str:
+    for name, types in fields.items():
+        if name not in values:
+            continue
+        value = values[name]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            return f"its {name} is {value!r}, not {' or '.join(t.__name__ for t in types)}"
+    return ""
 
 
 def run_view(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -485,9 +649,20 @@ def of_kind(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 
 def read_rank(run_dir: Path, rank: int) -> list[dict[str, Any]]:
-    """One rank's run view ([] before it wrote anything); unreadable lines skipped."""
+    """One rank's run view ([] before it wrote anything); unreadable lines skipped, and said
+    once per file in one warning line with their count."""
     path = metrics_path(run_dir, rank)
-    return run_view(read_records(path)[0]) if path.is_file() else []
+    if not path.is_file():
+        return []
+    records, problems = read_records(path)
+    if problems and path not in _warned:
+        _warned.add(path)
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        log.warning("warning: %s%s", problems[0], more)
+    return run_view(records)
+
+
+_warned: set[Path] = set()  # files whose skipped lines this process has already reported
 
 
 # --- checkpoints and logs -----------------------------------------------------------------
@@ -521,6 +696,7 @@ def atomic_file(path: Path) -> Iterator[Path]:
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_umask())  # as open() makes it: the group may read the run
     os.close(fd)
     partial = Path(name)
     try:

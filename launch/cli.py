@@ -11,6 +11,7 @@ from typing import Any
 
 from core import runfolder, strategies
 from core.cli import EXIT_INTERRUPTED, ArgumentParser, add_common_flags, run_cli
+from core.errors import KitError
 from core.settings.loading import load_config, to_yaml
 from core.settings.schema import Config, ConfigError
 from core.strategies import STRATEGIES
@@ -234,14 +235,23 @@ def _command() -> list[str]:
 
 def grid(items: list[str]) -> list[tuple[str, ...]]:
     """['a=1,2', 'b=x'] → [('a=1', 'b=x'), ('a=2', 'b=x')]"""
-    axes = []
+    axes, keys = [], set()
     for item in items:
         key, sep, values = item.partition("=")
         if not sep or not key or not all(values.split(",")):
             raise ConfigError(
                 f"--grid {item!r} is not of the form key=v1,v2, e.g. train.global_batch_size=256,512"
             )
-        axes.append([f"{key}={v}" for v in values.split(",")])
+        if key.strip() in keys:  # every point would run twice, or the later value would win
+            raise ConfigError(f"--grid {key} is given twice: give its values once, in one --grid")
+        listed = values.split(",")
+        if len(set(listed)) < len(listed):
+            raise ConfigError(
+                f"--grid {item!r} names a value twice: give each once, e.g. "
+                f"{key}={','.join(dict.fromkeys(listed))}"
+            )
+        keys.add(key.strip())
+        axes.append([f"{key}={v}" for v in listed])
     return list(itertools.product(*axes))
 
 
@@ -310,12 +320,24 @@ _GOING_WELL = ("COMPLETED", "RUNNING", "PENDING")
 def _cancel(args: argparse.Namespace) -> int:
     from launch.jobs import cancel
 
+    found: list[Path] = []
     for path in args.runs:
-        found = runfolder.find_runs(path) if path.is_dir() else []
-        if not found:
+        runs = runfolder.find_runs(path) if path.is_dir() else []
+        if not runs:
             raise runfolder.RunFolderError(f"{path} is not a run folder and holds none")
-        for run_dir in found:
+        found += runs
+    if len(found) == 1:
+        print(cancel(found[0]), flush=True)
+        return 0
+    failed = 0
+    for run_dir in found:  # one damaged or unreachable run does not spare the others
+        try:
             print(cancel(run_dir), flush=True)
+        except KitError as err:
+            failed += 1
+            print(f"warning: {run_dir.name}: {err}", file=sys.stderr, flush=True)
+    if failed:
+        raise KitError(f"{failed} of {len(found)} runs were not cancelled: see the warnings above")
     return 0
 
 
@@ -324,5 +346,8 @@ def _logs(args: argparse.Namespace) -> int:
 
     for path in log_files(args.run, args.rank):
         print(f"==> {path} <==")
-        print(path.read_text(errors="replace"), end="")
+        try:
+            print(path.read_text(errors="replace"), end="")
+        except OSError as err:  # one unreadable log: say so, show the rest
+            print(f"warning: {path} cannot be read ({err.strerror})", file=sys.stderr)
     return 0

@@ -52,8 +52,24 @@ def status(run_dir: Path) -> RunStatus:
         if found
         else _folder_state(run_dir, records, meta)
     )
+    if state == "COMPLETED" and diverged_epoch(records) is not None:
+        state = "DIVERGED"  # it ended as planned, but its loss became NaN or infinite
     return RunStatus(
         run_dir.name, mode, backend, job_id, state, nodes, elapsed, _last_epoch(records)
+    )
+
+
+def diverged_epoch(records: list[dict[str, Any]]) -> int | None:
+    """The epoch whose test loss became NaN or infinite, where the run stopped; None if none."""
+    summary = next(reversed(runfolder.of_kind(records, "summary")), None)
+    return summary.get("diverged_epoch") if summary else None
+
+
+def diverged_words(summary: dict[str, Any]) -> str:
+    return (
+        f"its test loss became {summary['final_test_loss']} in epoch {summary['diverged_epoch']}, "
+        "where it stopped (the checkpoint of the epoch before is kept); lower train.lr, or look "
+        "for NaN or infinite values in the data"
     )
 
 
@@ -97,7 +113,12 @@ def cancel(run_dir: Path) -> str:
 def _cancel_slurm(run_dir: Path, job_id: str) -> str:
     problem = slurm.cancel(job_id)
     if problem:
-        raise JobError(f"scancel {job_id} failed ({problem}): is Slurm reachable from here?")
+        # Unmarked: the job runs on, and must still save at its time limit and requeue.
+        runfolder.update_meta(run_dir, cancel_requested=None)
+        raise JobError(
+            f"scancel {job_id} failed ({problem}): the job was not cancelled; is Slurm reachable "
+            "from here? Try again, or `scancel` it where Slurm answers"
+        )
     return f"{run_dir.name}: cancelled Slurm job {job_id}"
 
 
@@ -119,6 +140,9 @@ def notes(run_dir: Path, state: str) -> list[str]:
     lead that did not fit the limit), and for one stopped at its time limit, how to go on."""
     records = runfolder.read_rank(run_dir, 0)
     lines = [f"{run_dir.name}: {n['text']}" for n in runfolder.of_kind(records, "notice")]
+    if state == "DIVERGED":
+        summary = runfolder.of_kind(records, "summary")[-1]
+        lines.append(f"{run_dir.name}: diverged: {diverged_words(summary)}")
     if state == "TIMEOUT":
         limit = runfolder.read_config(run_dir).cluster.max_requeues
         start = next(iter(runfolder.of_kind(records, "start")), {})

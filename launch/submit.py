@@ -29,7 +29,7 @@ from core.settings.rules import (
     world_size,
 )
 from core.settings.schema import DATASETS, MODELS, Backend, Config, ConfigError, GpuBinding
-from launch.jobs import process_identity
+from launch.jobs import diverged_words, process_identity
 
 # What a job runs, named rather than imported: the launcher never loads the job's code (nor
 # torch); the job's own interpreter does, as `python -m train run` does under sbatch.
@@ -314,18 +314,26 @@ def _record_job(run_dir: Path, job: submitit.Job[Any]) -> None:
 
 def resume(run_dir: Path) -> submitit.Job[Any]:
     """Submit a new job into an existing run folder; it resumes from the folder's checkpoint."""
-    from launch.jobs import status
-
-    state = status(run_dir).state
-    if state in ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING"):
-        raise SubmitError(f"{run_dir.name} is {state}: cancel it first (`python -m launch cancel`)")
-    if runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):
-        raise SubmitError(f"{run_dir.name} has finished: there is nothing to resume")
     if not os.access(run_dir, os.W_OK | os.X_OK):  # also a read-only mount
         raise SubmitError(
             f"{run_dir} is not writable here: the resumed job writes its records and checkpoints "
             "into it; make it writable, or copy the run folder somewhere writable and resume the copy"
         )
+    with runfolder.claimed(run_dir):
+        return _resume_claimed(run_dir)
+
+
+def _resume_claimed(run_dir: Path) -> submitit.Job[Any]:
+    from launch.jobs import status
+
+    now = status(run_dir)
+    if now.state in ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING"):
+        raise SubmitError(
+            f"{run_dir.name} is {now.state} as job {now.job_id}: one job at a time writes a run "
+            "folder; wait for it, or cancel it first (`python -m launch cancel`)"
+        )
+    if runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):
+        raise SubmitError(f"{run_dir.name} has finished: there is nothing to resume")
     cfg = runfolder.load_job_config(run_dir)
     backend = check_submission(cfg)
     # Cleared first: the new job must not take the last job's cancel as its own.
@@ -365,6 +373,13 @@ def follow(
     try:
         result = job.results()[0]  # every task must succeed; rank 0 holds the summary
     except Exception as err:  # submitit re-raises the task's error with its traceback
+        stop = _planned_stop(run_dir)
+        if stop:  # stopped on purpose and saved: no failure, and no traceback
+            say(
+                f"job {job.job_id} stopped ({stop['reason']}), saved in epoch {stop['epoch']} "
+                f"after batch {stop['batches']}; {continue_words(run_dir)}"
+            )
+            return False
         first = runfolder.first_failure(run_dir)
         if first:  # the rank that failed first, not a peer that lost its connection to it
             say(f"job {job.job_id} failed: {runfolder.failure_words(first)}")
@@ -375,8 +390,21 @@ def follow(
             say(f"job {job.job_id} failed: {err}")
         say(f"logs: python -m launch logs {run_dir}")
         return False
+    if result.get("diverged_epoch") is not None:
+        say(f"job {job.job_id} diverged: {diverged_words(result)}")
+        return False
     say(f"job {job.job_id} done: {_result_words(result)}")
     return True
+
+
+def _planned_stop(run_dir: Path) -> dict[str, Any] | None:
+    """The last attempt's stop record where it ended so (a signal, the time limit), unless it
+    asked Slurm to requeue it (then the job goes on)."""
+    view = runfolder.read_rank(run_dir, 0)
+    stops = runfolder.of_kind(view, "stop")
+    if not stops or runfolder.of_kind(view, "summary") or stops[-1].get("requeue"):
+        return None
+    return stops[-1]
 
 
 PENDING_LOOK_S = 10  # how often --wait asks Slurm why a job has not started
@@ -491,10 +519,15 @@ def interrupted(job: submitit.Job[Any], run_dir: Path) -> str:
     deadline = time.monotonic() + 30  # the controller ends its tasks within seconds
     while not job.done() and time.monotonic() < deadline:
         time.sleep(0.2)
-    return (
-        f"interrupted: cancelled local job {job.job_id}; continue it from its last checkpoint "
-        f"with `python -m launch resume {run_dir}`"
-    )
+    return f"interrupted: cancelled local job {job.job_id}; {continue_words(run_dir)}"
+
+
+def continue_words(run_dir: Path) -> str:
+    """How a stopped run goes on, said from what is on disk: a Ctrl-C in the middle of the first
+    save leaves no checkpoint (the partial file is removed)."""
+    if runfolder.state_path(run_dir).is_file():
+        return f"continue it from its last checkpoint with `python -m launch resume {run_dir}`"
+    return f"it had saved no checkpoint yet: `python -m launch resume {run_dir}` starts it over"
 
 
 def _result_words(result: dict[str, Any]) -> str:

@@ -117,39 +117,60 @@ def shared_runs(tmp_path_factory: pytest.TempPathFactory) -> SharedRuns:
 
 
 @pytest.fixture(scope="session")
-def small_runs(shared_runs: SharedRuns) -> dict[str, Path]:
+def small_runs(small_runs_said: dict[str, tuple[Path, str]]) -> dict[str, Path]:
     """Finished local runs of kit.SMALL on 2 ranks, made once for every file that reads them:
     a DP and a DDP run of the same settings and a DP run of another global batch, in one
     output.root. Tests that change a run change a copy."""
+    return {name: run_dir for name, (run_dir, _) in small_runs_said.items()}
+
+
+@pytest.fixture(scope="session")
+def small_runs_said(shared_runs: SharedRuns) -> dict[str, tuple[Path, str]]:
+    """The same runs, each with what `launch submit --wait` printed for it."""
     made = shared_runs.get("small_runs", _small_runs)
-    return {name: Path(path) for name, path in made.items()}
+    return {name: (Path(path), said) for name, (path, said) in made.items()}
 
 
-def _small_runs(tmp: Path) -> dict[str, str]:
+# torchrun's variables left over in a user's shell: every local job inherits them, and must not
+# take its ranks from them (the DDP run is made with them set).
+STRAY = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}
+
+
+def _small_runs(tmp: Path) -> dict[str, tuple[str, str]]:
     settings = {"dp": ["--mode", "dp"], "ddp": ["--mode", "ddp"],
                 "dp-256": ["--mode", "dp", "train.global_batch_size=256"]}  # fmt: skip
     where = [f"output.root={tmp}/runs", f"data.root={tmp}/data", "cluster.backend=local"]
     made = {}
     for name, args in settings.items():
-        done = kit("launch", "submit", *args, *SMALL, "cluster.gpus_per_node=2", *where, "--wait")
+        env = STRAY if name == "ddp" else None
+        done = kit("launch", "submit", *args, *SMALL, "cluster.gpus_per_node=2", *where, "--wait",
+                   env=env)  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
-        made[name] = str(run_folder(done.stdout))
+        made[name] = (str(run_folder(done.stdout)), done.stdout)
     return made
 
 
 # The files that take longest, started first: with `--dist loadfile` a worker takes the next file
 # in collection order as it frees, so a long file collected last would run on after the rest.
+# Longest first (their seconds in a `make test` of 2026-12-03 in brackets): the short files left
+# at the end even out the workers' finishing times.
 LONGEST_FIRST = (
-    "test_requeue",
-    "test_workloads_script",
-    "test_netns",
-    "test_strategies_resume",
-    "test_strategies",
-    "test_resume",
-    "test_maxbatch",
-    "test_slurm_jobs",
-    "test_failures",
-    "test_local_jobs",
+    "test_netns",  # 376
+    "test_requeue",  # 294
+    "test_slurm_jobs",  # 183
+    "test_failures",  # 168
+    "test_strategies",  # 161
+    "test_workloads_script",  # 156
+    "test_strategies_resume",  # 89
+    "test_resume",  # 87
+    "test_local_jobs",  # 80
+    "test_workloads",  # 64
+    "test_units",  # 56
+    "test_maxbatch",  # 46
+    "test_interrupt",  # 39
+    "test_bad_input",  # 34
+    "test_benchmark_script",  # 31
+    "test_signals",  # 30
 )
 
 

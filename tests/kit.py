@@ -28,15 +28,28 @@ def kit(
     return subprocess.run(
         [sys.executable, "-m", *args],
         cwd=cwd or REPO,
-        env={
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-            **(env or {}),
-        },
+        env=_env(env),
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+def kit_started(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """`python -m <args>` started in a fresh interpreter, not waited for; output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", *args],
+        cwd=REPO,
+        env=_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _env(extra: dict[str, str] | None) -> dict[str, str]:
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **(extra or {})}
 
 
 def kit_here(

@@ -221,6 +221,29 @@ def test_a_line_cut_short_is_skipped_with_a_warning(
         assert "nothing to summarize" in err.splitlines()[-1]
 
 
+def test_a_field_of_the_wrong_type_is_skipped_by_every_reader(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """One hand-edited record ("first_epoch": "two") in one run of a folder: status, summarize,
+    logs and cancel each skip that record, say so in one warning line, and go on with the rest."""
+    root = tmp_path / "runs"
+    good, bad = (_copy(runs[mode], root) for mode in ("dp", "ddp"))
+    path = bad / "metrics" / "rank-00000.jsonl"
+    lines = path.read_text().splitlines()
+    start = json.loads(lines[0]) | {"first_epoch": "two"}
+    path.write_text("\n".join([json.dumps(start), *lines[1:]]) + "\n")
+    skipped = f"{path}:1: record skipped: its first_epoch is 'two', not int"
+    code, out, err = _summarize(root)
+    assert code == 0 and _tables(out) and skipped in err, err  # the DP run's table stands
+    assert f"skipped {bad.name}: no start record from rank(s) 0" in err
+    status = kit_here("launch", "status", "--root", str(root))
+    assert status.returncode == 0 and status.stderr.splitlines() == [f"warning: {skipped}"]
+    assert good.name in status.stdout and bad.name in status.stdout
+    for command in (("logs", str(bad)), ("cancel", str(root))):
+        done = kit_here("launch", *command)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (command, done.stderr)
+
+
 def test_a_run_without_metrics_is_reported_not_fatal(runs: dict[str, Path], tmp_path: Path) -> None:
     queued = tmp_path / "runs" / "20000101-000000-ddp-1n2g-beef"
     queued.mkdir(parents=True)

@@ -4,6 +4,7 @@ or the fix, exit code 2, no traceback, and nothing made on disk."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from kit import kit, kit_here
+from kit import REPO, kit, kit_here
 
 from core import runfolder
 from core.settings.loading import load_config
@@ -50,12 +51,12 @@ CASES = [
     Case("seed=-1", ("train.seed=-1",), ("train.seed=-1 must be between 0 and 4294967295",)),
     Case("port=99999", ("dist.port=99999",), ("dist.port=99999", "pick one in 1024–65535, or 0")),
     Case("port=80", ("dist.port=80",), ("dist.port=80", "pick one in 1024–65535, or 0")),
-    Case("timeout_s=0", ("dist.timeout_s=0",), ("dist.timeout_s=0 must be at least 1",)),
-    Case("mem_gb=-4", ("cluster.mem_gb=-4",), ("cluster.mem_gb=-4 must be at least 0",)),
+    Case("timeout_s=0", ("dist.timeout_s=0",), ("dist.timeout_s=0 must be between 1 and",)),
+    Case("mem_gb=-4", ("cluster.mem_gb=-4",), ("cluster.mem_gb=-4 must be between 0 and",)),
     Case(
         "signal_delay=-1",
         ("cluster.signal_delay_s=-1",),
-        ("cluster.signal_delay_s=-1 must be at least 0",),
+        ("cluster.signal_delay_s=-1 must be between 0 and 65535",),
     ),
     Case("name=a/b", ("output.name=a/b",), ("output.name='a/b'", *NAME_FIX)),
     Case("name=50%", ("output.name=50%",), ("output.name='50%'", *NAME_FIX)),
@@ -102,8 +103,8 @@ CASES = [
     ),
     Case(
         "sbatch_extra nested",
-        ("cluster.sbatch_extra={a: {b: c}}",),
-        ("cluster.sbatch_extra has a={'b': 'c'}", "values one non-empty line"),
+        ("cluster.sbatch_extra={mail-type: {b: c}}",),
+        ("cluster.sbatch_extra has mail-type={'b': 'c'}", "values one non-empty line"),
     ),
     Case(
         "sbatch_extra owned",
@@ -115,6 +116,85 @@ CASES = [
         ("cluster.sbatch_extra.time=10",),
         ("sbatch_extra sets time", "cluster.timeout_min"),
     ),
+    *[
+        Case(
+            f"{key} sbatch_extra",
+            (f"cluster.sbatch_extra.{key}=4",),
+            (f"sbatch_extra sets {key}, which the kit writes itself", fix),
+        )
+        for key, fix in (
+            ("gpus", "cluster.gpus_per_node"),
+            ("n", "cluster.gpus_per_node"),
+            ("array", "launch sweep"),
+            ("wrap", "batch script"),
+            ("no-requeue", "cluster.max_requeues"),
+        )
+    ],
+    Case(
+        "mem-per-cpu beside mem_gb",
+        ("cluster.sbatch_extra.mem-per-cpu=4G", "cluster.mem_gb=8"),
+        ("sets mem-per-cpu and cluster.mem_gb=8 sets --mem", "drop one"),
+    ),
+    # A line break in a setting would write a shell line of its own into the batch script.
+    *[
+        Case(
+            f"line break in {key}",
+            (f'{key}="gpu\\ntouch {{tmp}}/PWNED"',),
+            (f"{key}='gpu\\ntouch", "holds the control character '\\n'", "on one line"),
+        )
+        for key in (
+            "cluster.partition",
+            "cluster.account",
+            "cluster.qos",
+            "cluster.constraint",
+            "cluster.sbatch_extra.mail-user",
+            "output.root",
+            "data.root",
+        )
+    ],
+    Case(
+        "line break in a setup line",
+        ('cluster.setup=["module load cuda\\ntouch {tmp}/PWNED"]',),
+        ("cluster.setup='module load cuda\\ntouch", "holds the control character '\\n'"),
+    ),
+    Case(
+        "carriage return in qos",
+        ('cluster.qos="a\\rb"',),
+        ("cluster.qos='a\\rb' holds the control character '\\r'",),
+    ),
+    Case(
+        "line break in a config file",
+        ("--config", "{tmp}/injected.yaml"),
+        ("cluster.partition='gpu\\ntouch", "holds the control character '\\n'"),
+    ),
+    *[
+        Case(
+            f"{written} in cluster.partition",
+            (f"cluster.partition={written}",),
+            (f"cluster.partition={value!r} is not a Slurm name", "comma-separated"),
+        )
+        for written, value in (("'a b'", "a b"), ("a'b", "a'b"), ("a#b", "a#b"), ("a$b", "a$b"))
+    ],
+    *[
+        Case(
+            f"bool {value}",
+            (f"train.checkpoint={value}",),
+            (f"train.checkpoint={value} must be true or false",),
+        )
+        for value in ("-1", "0x10", "2", "0.5")
+    ],
+    *[
+        Case(f"huge {key}", (f"{key}=1000000000000",), (f"{key}=1000000000000 must be between",))
+        for key in (
+            "cluster.cpus_per_task",
+            "cluster.mem_gb",
+            "cluster.timeout_min",
+            "cluster.signal_delay_s",
+            "cluster.max_requeues",
+            "dist.timeout_s",
+            "train.epochs",
+        )
+    ],
     Case("mode=xx", ("mode=xx",), ("mode='xx' is not valid; choose one of: dp, ddp",), mode=()),
     Case("--mode xx", (), ("argument --mode: invalid choice: 'xx'",), mode=("--mode", "xx")),
     Case(
@@ -340,6 +420,12 @@ CASES = [
         ("--config", "{tmp}/list.yaml"),
         ("list.yaml must hold a mapping of settings, not a list",),
     ),
+    Case(  # read, it would wait for a writer for ever
+        "config a named pipe",
+        ("--config", "{tmp}/pipe.yaml"),
+        ("pipe.yaml is not a regular file", "name a YAML file"),
+    ),
+    Case("config not UTF-8", ("--config", "{tmp}/latin1.yaml"), ("latin1.yaml is not UTF-8 text",)),
 ]
 
 
@@ -362,6 +448,9 @@ def tmp(tmp_path: Path) -> Iterator[Path]:
     (tmp_path / "file").write_text("not a folder\n")
     (tmp_path / "broken.yaml").write_text("train: [epochs: 3\n")
     (tmp_path / "list.yaml").write_text("- train.epochs=3\n- train.lr=0.1\n")
+    (tmp_path / "injected.yaml").write_text('cluster:\n  partition: "gpu\\ntouch PWNED"\n')
+    (tmp_path / "latin1.yaml").write_bytes("output:\n  name: caf\xe9\n".encode("latin-1"))
+    os.mkfifo(tmp_path / "pipe.yaml")
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o500)
@@ -593,3 +682,52 @@ def test_resume_into_a_read_only_run_folder_is_one_line(read_only_run: Path) -> 
     message = _one_error_line(done)
     assert f"{read_only_run} is not writable here" in message and "resume the copy" in message
     assert sorted(p.name for p in read_only_run.rglob("*")) == before
+
+
+def test_a_cancel_scancel_failed_leaves_the_run_uncancelled(tmp_path: Path) -> None:
+    """scancel cannot reach the controller: one line saying the job was not cancelled, and the
+    run is not marked, so the job still saves at its time limit (a marked job would not)."""
+    cfg = load_config(overrides=[f"output.root={tmp_path}/runs", "cluster.backend=slurm"])
+    run_dir = runfolder.create(cfg, launcher="launch", backend="slurm", command=[])
+    runfolder.update_meta(run_dir, job_id="4242")
+    conf = tmp_path / "slurm.conf"  # a controller nobody runs: scancel fails in about a second
+    conf.write_text("ClusterName=gone\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=9\n")
+    if not shutil.which("scancel"):
+        pytest.skip("no scancel here")
+    message = _one_error_line(kit("launch", "cancel", str(run_dir), env={"SLURM_CONF": str(conf)}))
+    assert "scancel 4242 failed" in message and "the job was not cancelled" in message
+    assert not runfolder.read_meta(run_dir).get("cancel_requested")
+
+
+def test_a_factory_module_that_exits_on_import_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "quits.py").write_text(
+        "import sys\n\nsys.exit(0)\n\ndef build(shape, classes): ...\n"
+    )
+    where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data", "cluster.backend=local"]
+    path = os.pathsep.join([str(tmp_path), str(REPO)])
+    done = kit("launch", "submit", "model.name=quits:build", *where, env={"PYTHONPATH": path})
+    message = _one_error_line(done)
+    assert "importing quits ended the program (sys.exit(0))" in message
+    assert "if __name__" in message and not (tmp_path / "runs").exists()
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A folder on a 64 kB file system (a tmpfs of its own): room for the folders, not the data."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)]
+    if os.geteuid() != 0 or subprocess.run(mount, capture_output=True).returncode:
+        pytest.skip("mounting a small file system needs root")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_prepare_data_on_a_full_disk_is_one_line_and_leaves_nothing(full_disk: Path) -> None:
+    done = kit("train", "prepare-data", f"data.root={full_disk}/data", "data.train_size=2000")
+    message = _one_error_line(done)
+    assert "could not write the synthetic digits" in message and "No space left" in message
+    assert "free space there, or point data.root at another folder" in message
+    assert [p.name for p in (full_disk / "data").iterdir()] == []  # no partial copy

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kit import SMALL, kit
+from kit import SMALL, kit, kit_here
 
 
 @pytest.mark.parametrize(
@@ -34,4 +34,23 @@ def test_sweep_refuses_a_mode_besides_its_modes(
     assert done.stdout == ""
     [line] = done.stderr.splitlines()
     assert line.startswith("error: ") and named in line and line.endswith(f"e.g. {fix}")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("grid", "named"),
+    [
+        (["train.lr=0.1,0.2", "train.lr=0.3"], "--grid train.lr is given twice"),
+        (["train.lr=0.1,0.1"], "--grid 'train.lr=0.1,0.1' names a value twice"),
+    ],
+)
+def test_sweep_refuses_a_point_that_would_run_twice(
+    tmp_path: Path, grid: list[str], named: str
+) -> None:
+    args = [arg for item in grid for arg in ("--grid", item)]
+    where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
+    done = kit_here("launch", "sweep", *args, "cluster.backend=local", *SMALL, *where)
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("error: ") and named in line
     assert not (tmp_path / "runs").exists()

@@ -37,6 +37,41 @@ def test_nested_lists_and_free_sbatch_options() -> None:
     assert cfg.cluster.sbatch_extra == {"mail-type": "END"}
 
 
+# Text settings as YAML 1.1 would misread them: octal, boolean, sexagesimal, hex, float.
+AS_WRITTEN = {
+    "cluster.account": "0123",
+    "cluster.qos": "yes",
+    "cluster.partition": "1:30",
+    "cluster.constraint": "0x1F",
+    "output.name": "1e3",
+}
+
+
+def test_text_settings_keep_what_was_written(tmp_path: Path) -> None:
+    overrides = [f"{key}={value}" for key, value in AS_WRITTEN.items()]
+    setup = "cluster.setup=[on, 1e3, 0x1F, '007']"
+    file = tmp_path / "exp.yaml"
+    file.write_text(
+        "cluster:\n  account: 0123\n  qos: yes\n  partition: 1:30\n  constraint: 0x1F\n"
+        "  setup: [on, 1e3, 0x1F, '007']\n  sbatch_extra: {mail-user: 010}\n"
+        "output:\n  name: 1e3\n"
+    )
+    from_line = load_config(overrides=[*overrides, setup, "cluster.sbatch_extra.mail-user=010"])
+    for cfg in (from_line, load_config(file)):
+        c = cfg.cluster
+        assert (c.account, c.qos, c.partition, c.constraint, cfg.output.name) == tuple(
+            AS_WRITTEN.values()
+        )
+        assert c.setup == ["on", "1e3", "0x1F", "007"]
+        assert c.sbatch_extra == {"mail-user": "010"}
+    # What the job reads back from its run folder's config.yaml is the same.
+    saved = tmp_path / "config.yaml"
+    saved.write_text(to_yaml(from_line))
+    assert load_config(saved) == from_line
+    quoted = load_config(overrides=['cluster.account="0123"', "cluster.qos=null"]).cluster
+    assert (quoted.account, quoted.qos) == ("0123", None)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -50,7 +85,7 @@ def test_nested_lists_and_free_sbatch_options() -> None:
             ["cluster.backend=slrum"],
             "cluster.backend='slrum' is not valid; choose one of: auto, slurm, local",
         ),
-        (["train.epochs=0"], "train.epochs=0 must be at least 1"),
+        (["train.epochs=0"], "train.epochs=0 must be between 1 and 1000000"),
         (["train.global_batch_size=510"], "use a multiple of 4, e.g. train.global_batch_size=512"),
         (["train.grad_accum_steps=3"], "4 rank(s) × 3 accumulation step(s)"),
         (["mode=dp", "cluster.nodes=2"], "use --mode ddp for several nodes, or --nodes 1"),

@@ -19,6 +19,7 @@ from kit import REPO, alive, kit, run_folder, wait_for
 from paced import LASTING
 
 from core import runfolder
+from core.settings.loading import load_config
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -200,3 +201,19 @@ def test_ctrl_c_at_wait_leaves_a_slurm_job_running(tmp_path: Path) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             run.process.wait(10)
     assert wait_for(lambda: _status(run.run_dir)[0] == "CANCELLED", 120)
+
+
+def test_a_run_stopped_before_its_first_save_is_not_said_to_have_a_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C in the middle of the first save (in os.fsync, say) leaves no checkpoint: the line
+    must not send the user to one."""
+    from launch.submit import continue_words
+
+    cfg = load_config(overrides=[f"output.root={tmp_path}", "cluster.backend=local"])
+    run_dir = runfolder.create(cfg, launcher="launch", backend="local", command=[])
+    words = continue_words(run_dir)
+    assert "saved no checkpoint yet" in words and "starts it over" in words
+    runfolder.state_path(run_dir).parent.mkdir()
+    runfolder.state_path(run_dir).write_bytes(b"saved")
+    assert continue_words(run_dir).startswith("continue it from its last checkpoint")

@@ -12,10 +12,6 @@ from kit import SMALL, kit, load_split, records, run_folder
 from core import strategies
 from train.model import ConvNet
 
-# torchrun's variables left over in a user's shell: every local job inherits them, and must not
-# take its ranks from them.
-STRAY = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}
-
 
 def _submit(tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[Path, str]:
     done = kit(
@@ -34,11 +30,15 @@ def _submit(tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[P
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
+def runs(
+    tmp_path_factory: pytest.TempPathFactory, small_runs_said: dict[str, tuple[Path, str]]
+) -> dict[str, tuple[Path, str]]:
+    """The shared DP and DDP runs (conftest: the DDP one made with torchrun's variables left in
+    its environment, STRAY), and one with gradient accumulation and bf16 of this file's own."""
     tmp = tmp_path_factory.mktemp("local")
     return {
-        "dp": _submit(tmp, "--mode", "dp"),
-        "ddp": _submit(tmp, "--mode", "ddp", "cluster.gpus_per_node=2", env=STRAY),
+        "dp": small_runs_said["dp"],
+        "ddp": small_runs_said["ddp"],
         "ddp-accum": _submit(
             tmp,
             "--mode",
@@ -178,3 +178,23 @@ def test_the_convnet_learns_the_embedded_digits(tmp_path: Path) -> None:
     parts = start["startup_parts"]
     assert list(parts) == ["python_and_imports", "process_group", "data", "model_and_state"]
     assert abs(sum(parts.values()) - start["startup_s"]) < 0.05
+
+
+def test_a_run_whose_loss_becomes_nan_ends_diverged(tmp_path: Path) -> None:
+    """train.lr=1e12 blows the weights up in the first steps: the run stops at the end of that
+    epoch, says so at --wait (exit 1, no `done`), status reads DIVERGED with the advice, and
+    summarize leaves it out of the comparison, saying why."""
+    where = ["cluster.backend=local", f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
+    done = kit(
+        "launch", "submit", "--mode", "ddp", *SMALL, "cluster.gpus_per_node=2", "train.lr=1e12",
+        "data.train_size=256", *where, "--wait",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    run_dir = run_folder(done.stdout)
+    assert "diverged: its test loss became nan in epoch 1" in done.stdout, done.stdout
+    assert "lower train.lr" in done.stdout and " done: " not in done.stdout
+    assert [r["epoch"] for r in records(run_dir) if r["kind"] == "epoch"] == [1]  # then it stopped
+    status = kit("launch", "status", str(run_dir)).stdout
+    assert " DIVERGED " in status and f"{run_dir.name}: diverged: " in status, status
+    summarized = kit("analysis", "summarize", str(run_dir))
+    assert f"skipped {run_dir.name}: diverged (test loss nan in epoch 1)" in summarized.stderr

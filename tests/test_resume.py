@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SharedRuns
-from kit import kit, run_folder
+from kit import kit, kit_started, run_folder
 from paced import PACED
 
 from core import runfolder
@@ -63,9 +63,13 @@ def test_local_stop_cancel_and_resumes_end_as_if_never_stopped(
     tmp_path: Path, uninterrupted: str
 ) -> None:
     where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
-    done = kit("launch", "submit", *DDP, PACED, "cluster.backend=local", *where)
-    assert done.returncode == 0, done.stderr
-    run_dir = run_folder(done.stdout)
+    following = kit_started("launch", "submit", *DDP, PACED, "cluster.backend=local", *where, "--wait")  # fmt: skip
+    assert following.stdout is not None
+    said = [""]
+    while not said[-1].startswith("run folder: "):
+        said.append(following.stdout.readline())
+        assert said[-1], said  # ended before it named the run folder
+    run_dir = run_folder("".join(said))
     epochs = lambda: runfolder.of_kind(runfolder.read_rank(run_dir, 0), "epoch")  # noqa: E731
     _wait_for(lambda: len(epochs()) >= 1, 180, "the first epoch")
     time.sleep(1.5)  # somewhere inside the second epoch
@@ -75,10 +79,19 @@ def test_local_stop_cancel_and_resumes_end_as_if_never_stopped(
     _wait_for(lambda: " STOPPED " in kit("launch", "status", str(run_dir)).stdout, 120, "STOPPED")
     stop = runfolder.of_kind(runfolder.read_rank(run_dir, 0), "stop")[-1]
     assert stop["reason"].startswith("time limit") and runfolder.state_path(run_dir).is_file()
+    out, err = following.communicate(timeout=60)  # --wait says it in one line, no traceback
+    assert following.returncode == 1 and "Traceback" not in out + err, out + err
+    assert f"stopped (time limit (SIGUSR2)), saved in epoch {stop['epoch']} after batch" in out
+    assert "continue it from its last checkpoint with `python -m launch resume" in out
 
-    # Resumed, then cancelled in the middle of an epoch, then resumed again.
+    # Resumed twice at once: one launcher submits, the other waits for it, then refuses, naming
+    # the job that holds the folder. Then cancelled in the middle of an epoch, resumed again.
     raw = lambda: runfolder.read_records(runfolder.metrics_path(run_dir, 0))[0]  # noqa: E731
-    assert kit("launch", "resume", str(run_dir)).returncode == 0
+    launchers = [kit_started("launch", "resume", str(run_dir)) for _ in range(2)]
+    ends = sorted((p.wait(120), p.stderr.read() if p.stderr else "") for p in launchers)
+    jobs = runfolder.read_meta(run_dir)["jobs"]
+    assert [code for code, _ in ends] == [0, 2] and len(jobs) == 2, ends
+    assert f"is RUNNING as job {jobs[-1]}: one job at a time writes a run folder" in ends[1][1]
     _wait_for(lambda: [r["kind"] for r in raw()][-1] == "epoch" and _attempts(run_dir) == 2, 180,
               "an epoch of the second attempt")  # fmt: skip
     assert kit("launch", "cancel", str(run_dir)).returncode == 0

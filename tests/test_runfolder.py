@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import resource
+import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -346,3 +349,36 @@ except checkpoint.runfolder.RunFolderError as err:
     )
     assert path.read_bytes() == b"the state saved before"
     assert [p.name for p in path.parent.iterdir()] == ["state.pt"]  # no partial file left
+
+
+def test_a_launcher_killed_while_making_a_run_leaves_no_staging_behind(tmp_path: Path) -> None:
+    """SIGKILL (or SIGTERM's default) runs no clean-up: the next launcher on the host removes a
+    dead launcher's staging folder, and leaves a live one's and another host's alone."""
+    host = socket.gethostname()
+    killed = subprocess.Popen(["sleep", "60"])
+    killed.kill()
+    killed.wait()
+    dead = tmp_path / f"{runfolder.STAGING}{host}-{killed.pid}-abc123"
+    live = tmp_path / f"{runfolder.STAGING}{host}-{os.getpid()}-abc123"
+    elsewhere = tmp_path / f"{runfolder.STAGING}other-host-{killed.pid}-abc123"
+    for folder in (dead, live, elsewhere):
+        (folder / "logs").mkdir(parents=True)
+    cfg = load_config(overrides=[f"output.root={tmp_path}", "cluster.backend=local"])
+    made = runfolder.create(cfg, launcher="launch", backend="local", command=[])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [made.name, live.name, elsewhere.name]
+    )
+
+
+def test_a_run_folder_is_readable_by_the_group(tmp_path: Path) -> None:
+    """Made as mkdir and open make files under the user's umask (022 here): a teammate on a
+    shared project space can read runs for `status` and `summarize`."""
+    old = os.umask(0o022)
+    try:
+        cfg = load_config(overrides=[f"output.root={tmp_path}", "cluster.backend=local"])
+        run_dir = runfolder.create(cfg, launcher="launch", backend="local", command=[])
+        runfolder.update_meta(run_dir, job_id="1")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o755
+    assert stat.S_IMODE((run_dir / runfolder.META).stat().st_mode) == 0o644

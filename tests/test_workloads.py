@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from kit import REPO, kit, records, run_folder
+from kit import REPO, alive, kit, records, run_folder, wait_for
 from torch import nn
+
+from core import factories
+from core.settings.loading import load_config
+from train import workloads
 
 TESTS = Path(__file__).resolve().parent
 # The job finds the factories as any user's: on the Python path it inherits from the launcher.
@@ -35,9 +41,34 @@ def blobs(train: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return inputs.double(), labels  # float64: the kit trains in float32 all the same
 
 
+def blobs_and_a_helper(train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dataset factory that forks a helper process and leaves it running; the fork inherits
+    the rank's signal handlers (SIGTERM only sets a flag there). Its PID goes to $HELPER_PIDS."""
+    pid = os.fork()
+    if pid == 0:  # the helper: outlives the job unless the kit ends it
+        time.sleep(600)
+        os._exit(0)
+    with open(os.environ["HELPER_PIDS"], "a") as pids:
+        pids.write(f"{pid}\n")
+    return blobs(train)
+
+
 def float_labels(train: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Breaks the contract: labels must be integers."""
     return torch.zeros(8, 4), torch.zeros(8)
+
+
+def stray_label(train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Three classes and one label of 10⁹ (a typo, a sentinel): not a model of 10⁹ classes."""
+    labels = torch.arange(12) % 3
+    labels[5] = 10**9 if train else labels[5]
+    return torch.zeros(12, 4), labels
+
+
+def nan_inputs(train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    inputs = torch.zeros(12, 4)
+    inputs[3, 1] = math.nan if train else math.inf
+    return inputs, torch.arange(12) % 3
 
 
 def not_a_model(shape: tuple[int, ...], classes: int) -> object:
@@ -117,6 +148,27 @@ def test_a_broken_factory_or_a_setting_it_cannot_take_is_named(
     assert folder is not None and (folder / "config.yaml").is_file()  # what was written stays
 
 
+@pytest.mark.parametrize(
+    ("factory", "fragments"),
+    [
+        (
+            "stray_label",
+            ["labels up to 1000000000, but only 4 of the 1000000001 classes", "none of 3, 4, 5"],
+        ),
+        ("nan_inputs", ["(train=True) gave train inputs holding NaN or infinite values"]),
+    ],
+)
+def test_a_dataset_with_a_stray_label_or_nan_inputs_is_named(
+    factory: str, fragments: list[str]
+) -> None:
+    """Checked where the job loads the data (the same code in every rank), in this process."""
+    cfg = load_config(overrides=[f"data.dataset=test_workloads:{factory}", "mode=dp"])
+    with pytest.raises(factories.FactoryError) as err:
+        workloads.load(cfg, 0, lambda: None)
+    for fragment in fragments:
+        assert fragment in str(err.value)
+
+
 def test_a_factory_of_the_wrong_signature_is_refused_before_anything_is_made(
     tmp_path: Path,
 ) -> None:
@@ -127,3 +179,24 @@ def test_a_factory_of_the_wrong_signature_is_refused_before_anything_is_made(
     assert code == 2 and folder is None
     assert "model.name=test_workloads:blobs cannot be called so" in out
     assert "Traceback" not in out and not (tmp_path / "runs").exists()
+
+
+def test_processes_a_factory_leaves_behind_end_with_the_job(tmp_path: Path) -> None:
+    pids = tmp_path / "helpers"
+    where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data", "cluster.backend=local"]
+    settings = [
+        "model.name=test_workloads:tiny_mlp",
+        "data.dataset=test_workloads:blobs_and_a_helper",
+    ]
+    done = kit(
+        "launch", "submit", "--mode", "dp", *settings, "train.epochs=1", *where, "--wait",
+        env={**ON_PATH, "HELPER_PIDS": str(pids)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    helpers = [int(pid) for pid in pids.read_text().split()]
+    assert helpers  # the job's process called the factory (train and test split)
+    try:
+        assert wait_for(lambda: not any(alive(pid) for pid in helpers), 10), helpers
+    finally:
+        for pid in filter(alive, helpers):
+            os.kill(pid, signal.SIGKILL)

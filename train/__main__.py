@@ -44,9 +44,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from train import early
     from train.job import run
 
-    summary = run(str(args.run_dir))
+    try:
+        summary = run(str(args.run_dir))
+    finally:
+        early.end_leftovers()  # nothing this task started outlives it
     if "final_test_accuracy" in summary:
         print(f"rank {summary['rank']}: test accuracy {summary['final_test_accuracy']:.2%}")
     return 0

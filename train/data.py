@@ -52,27 +52,44 @@ def prepare_synthetic(folder: Path, seed: int, train_size: int, test_size: int) 
     if folder.exists():
         verify(folder, "synthetic")
         return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=folder.parent))
-    rng = np.random.default_rng(seed)
-    for split, size in (("train", train_size), ("test", test_size)):
-        images, labels = synthetic_digits(size, rng)
-        _write_idx(staging / "MNIST" / "raw", split, images, labels)
-    (staging / "SOURCE.json").write_text(
-        json.dumps(
-            {
-                "generator": "train.data.synthetic_digits",
-                "version": SYNTHETIC_VERSION,
-                "seed": seed,
-                "sizes": [train_size, test_size],
-            }
-        )
-    )
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=folder.parent))
+    except OSError as err:
+        raise _unwritable(folder, err) from None
+    try:
+        _write_synthetic(staging, seed, train_size, test_size)
+    except BaseException as err:  # a full disk, a quota, Ctrl-C: no partial copy stays
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(err, OSError):
+            raise _unwritable(folder, err) from None
+        raise
     try:
         os.rename(staging, folder)  # atomic: concurrent writers of one seed end with one copy
     except OSError:
         shutil.rmtree(staging)  # another process won the race; its copy is identical
     return folder
+
+
+def _write_synthetic(staging: Path, seed: int, train_size: int, test_size: int) -> None:
+    rng = np.random.default_rng(seed)
+    for split, size in (("train", train_size), ("test", test_size)):
+        images, labels = synthetic_digits(size, rng)
+        _write_idx(staging / "MNIST" / "raw", split, images, labels)
+    source = {
+        "generator": "train.data.synthetic_digits",
+        "version": SYNTHETIC_VERSION,
+        "seed": seed,
+        "sizes": [train_size, test_size],
+    }
+    (staging / "SOURCE.json").write_text(json.dumps(source))
+
+
+def _unwritable(folder: Path, err: OSError) -> DataError:
+    return DataError(
+        f"could not write the synthetic digits to {folder}: {err.strerror or err}; free space "
+        "there, or point data.root at another folder"
+    )
 
 
 def synthetic_digits(count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -22,6 +22,7 @@ Standard library only: it runs before the kit's heavy imports.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -120,3 +121,68 @@ def ignore() -> None:
     (an ignored signal that is pending is dropped)."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+
+
+def end_leftovers(grace_s: float = 1.0) -> list[int]:
+    """End what this process started and left running, as it ends: a helper a user's factory
+    forked (which holds the stop signals, so Slurm's SIGTERM passes it by), a program it ran.
+    SIGTERM first (a kit-forked child ends at once on it), SIGKILL after `grace_s`.
+    multiprocessing's own servers are left alone: they end as this process's pipes close.
+    Returns the PIDs it had to end."""
+    left = _descendants(os.getpid())
+    if not left:
+        return []
+    signal.signal(
+        signal.SIGCHLD, signal.SIG_DFL
+    )  # a DataLoader's would call a worker's end a crash
+    for pid in left:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(map(_running, left)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in filter(_running, left):
+        _signal(pid, signal.SIGKILL)
+    return left
+
+
+def _descendants(root: int) -> list[int]:
+    """The running processes below `root` (from /proc), less multiprocessing's servers and theirs."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit() and (fields := _stat(int(entry))):
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if _running(pid) and not _multiprocessing_server(pid):
+            found.append(pid)
+            todo += children.get(pid, [])
+    return found
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name: state, ppid, …"""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _running(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def _multiprocessing_server(pid: int) -> bool:
+    """multiprocessing's resource tracker or forkserver, known by the command they run."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return b"from multiprocessing." in cmdline.read()
+    except OSError:
+        return False
+
+
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(OSError):  # gone already
+        os.kill(pid, signum)

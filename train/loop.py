@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import math
 import time
 import typing
 from collections.abc import Iterable, Iterator
@@ -97,6 +98,10 @@ def train(ctx: Context, started: float) -> dict[str, Any]:
         if stop:
             return stopping.stop(ctx, stop, progress, (model, optimizer, scaler))
         epochs.append(_end_epoch(ctx, model, test_loader, progress, figures))
+        if not math.isfinite(epochs[-1]["test_loss"]):  # scored alike on every rank: all end here
+            # Diverged: nothing more to learn, and the last sound checkpoint is kept, not this.
+            gpus.close()
+            return _summary(ctx, epochs, started, model, gpus, diverged=progress.epoch)
         progress = checkpoint.Progress(epoch=progress.epoch + 1)
         if cfg.train.checkpoint:
             checkpoint.save(ctx.run_dir, cfg, model, optimizer, scaler, progress)
@@ -286,11 +291,21 @@ def _summary(
     started: float,
     model: nn.Module,
     gpus: GpuSampler,
+    diverged: int | None = None,
 ) -> dict[str, Any]:
-    """The run's end: over every attempt, each epoch once (earlier attempts from the run folder)."""
+    """The run's end: over every attempt, each epoch once (earlier attempts from the run folder).
+    `diverged`: the epoch whose test loss was NaN or infinite, where the run stopped."""
     done = runfolder.of_kind(runfolder.read_rank(ctx.run_dir, ctx.env.rank), "epoch")
     last = done[-1]
-    checkpoint = runfolder.CHECKPOINT if ctx.env.is_main and ctx.cfg.train.checkpoint else None
+    saved = ctx.cfg.train.checkpoint and runfolder.checkpoint_path(ctx.run_dir).is_file()
+    checkpoint = runfolder.CHECKPOINT if ctx.env.is_main and saved else None
+    if diverged is not None and ctx.env.is_main:
+        log.warning(
+            "the run diverged: its test loss is %s after epoch %d; it stops here, keeping the "
+            "checkpoint of the epoch before (if any)",
+            last["test_loss"],
+            diverged,
+        )
     return ctx.metrics.write(
         "summary",
         epochs=len(done),
@@ -301,4 +316,5 @@ def _summary(
         checkpoint=checkpoint,
         parameters_sha256=parameters_sha256(_parameters(ctx, model)),
         gpus=gpus.figures(),  # one entry per GPU this process drove; empty on CPU
+        diverged_epoch=diverged,
     )

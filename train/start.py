@@ -18,7 +18,10 @@ def main(argv: list[str]) -> None:
     if len(args) < 2 or args[0] != "-m":
         raise SystemExit("usage: python -m train.start [-u] -m MODULE [ARG ...]")
     sys.argv = [args[1], *args[2:]]
-    runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    finally:
+        early.end_leftovers()  # nothing this task started outlives it
 
 
 if __name__ == "__main__":

@@ -100,8 +100,23 @@ def _from_factory(spec: str) -> Workload:
             f"gave samples of {tuple(train[0].shape[1:])} for training and "
             f"{tuple(test[0].shape[1:])} for testing",
         )  # fmt: skip
-    classes = int(max(train[1].max(), test[1].max())) + 1
-    return Workload(train, test, max(classes, 2))
+    return Workload(train, test, max(_classes(spec, train[1], test[1]), 2))
+
+
+def _classes(spec: str, *splits: torch.Tensor) -> int:
+    """The class count the labels give (the largest + 1), when every class in it occurs: one
+    stray label must not make a model of thousands (or, at 10⁹, a 512 GB) of empty classes."""
+    present = torch.unique(torch.cat(splits))
+    classes = int(present[-1]) + 1
+    if len(present) < classes:
+        missing = sorted(set(range(min(classes, 10**6))) - set(present.tolist()))[:3]
+        raise factories.broken(
+            "data.dataset", spec,
+            f"gave labels up to {classes - 1}, but only {len(present)} of the {classes} classes "
+            f"0..{classes - 1} occur (none of {', '.join(map(str, missing))}, …): labels must "
+            "be the class indices 0..classes-1 — a stray label?",
+        )  # fmt: skip
+    return classes
 
 
 def _checked(spec: str, train: bool, made: Any) -> Batch:
@@ -127,6 +142,8 @@ def _checked(spec: str, train: bool, made: Any) -> Batch:
         raise wrong(f"gave a negative {split} label ({int(labels.min())})")
     if inputs.is_floating_point():
         inputs = inputs.float()  # float32, as the model's weights (float64 would not mix)
+        if not torch.isfinite(inputs).all():
+            raise wrong(f"gave {split} inputs holding NaN or infinite values")
     return inputs.contiguous(), labels.long()
 
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import types
 import typing
 from collections.abc import Callable, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from core.settings.rules import validate
 from core.settings.schema import Choice, Config, ConfigError
@@ -106,19 +109,33 @@ def _builders(schema: type) -> dict[str, Callable[[Any], Any]]:
 def _read_yaml(path: Path) -> DictConfig:
     from omegaconf import DictConfig, OmegaConf
 
+    text = _config_text(path)
+    try:
+        loaded = OmegaConf.create(text)
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except Exception as err:  # yaml's own errors carry the line and column
+        raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(err)}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"config file {path} must hold a mapping of settings, not a list")
+    written = _as_written(OmegaConf.to_container(loaded), node, Config, "")
+    return typing.cast(DictConfig, OmegaConf.create(written))
+
+
+def _config_text(path: Path) -> str:
     if path.is_dir():
         raise ConfigError(
             f"config file {path} is a folder: name a YAML file, e.g. docs/examples/two-nodes.yaml"
         )
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
+    if not path.is_file():  # a named pipe or a device would be read until someone writes to it
+        raise ConfigError(f"config file {path} is not a regular file: name a YAML file")
     try:
-        loaded = OmegaConf.load(path)
-    except Exception as err:  # yaml's own errors carry the line and column
-        raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(err)}") from None
-    if not isinstance(loaded, DictConfig):
-        raise ConfigError(f"config file {path} must hold a mapping of settings, not a list")
-    return loaded
+        return path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text: name a YAML file") from None
 
 
 def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
@@ -132,16 +149,76 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
                 f"override {item!r} is not of the form key=value, e.g. train.epochs=3"
             )
         items.append(item if value else f"{key}=''")  # `key=` means the empty string
+    layer = OmegaConf.create()
     for item in items:
+        key, _, value = item.partition("=")
         try:
-            OmegaConf.from_dotlist([item])
+            single = OmegaConf.to_container(OmegaConf.from_dotlist([item]))
+            node = yaml.compose(value, Loader=yaml.SafeLoader)
         except Exception as err:  # YAML scanner errors (a value starting with @, `, %, *, !, [ …)
-            key, _, value = item.partition("=")
             raise ConfigError(
                 f"cannot read the value of {item!r} ({_first_line(err)}): a value starting with a "
                 f"special character needs quotes inside the argument, e.g. '{key}=\"{value}\"'"
             ) from None
-    return OmegaConf.from_dotlist(items)
+        parts = key.split(".")
+        loaded = functools.reduce(lambda values, part: values[part], parts, single)
+        OmegaConf.update(layer, key, _as_written(loaded, node, _hint_at(parts), key))
+    return layer
+
+
+_NULL = "tag:yaml.org,2002:null"
+_NUMBERS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+
+
+def _as_written(value: Any, node: yaml.Node | None, hint: Any, key: str) -> Any:
+    """`value` as OmegaConf read it from YAML `node`, with every text setting exactly as written.
+
+    OmegaConf reads YAML 1.1, where `0123` is the number 83, `yes` is true and `1:30` is 90, and
+    then turns those into the strings '83', 'True' and '90' for a setting typed `str`. Booleans
+    written as numbers other than 0 and 1 (-1, 0x10) are refused rather than taken as true.
+    """
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if isinstance(node, yaml.MappingNode) and isinstance(value, dict):
+        hints = (
+            _field_hints(hint)
+            if isinstance(hint, type) and dataclasses.is_dataclass(hint)
+            else None
+        )
+        for key_node, value_node in node.value:
+            name = key_node.value
+            inner = hints.get(name) if hints is not None else (args[1] if origin is dict else None)
+            if name in value and inner is not None:
+                value[name] = _as_written(
+                    value[name], value_node, inner, f"{key}.{name}".strip(".")
+                )
+        return value
+    if isinstance(node, yaml.SequenceNode) and isinstance(value, list) and origin is list:
+        return [_as_written(v, n, args[0], key) for v, n in zip(value, node.value, strict=False)]
+    if not isinstance(node, yaml.ScalarNode) or (node.tag == _NULL and node.style is None):
+        return value
+    if hint is str or (origin in (typing.Union, types.UnionType) and str in args):
+        return node.value
+    if hint is bool and node.tag in _NUMBERS and node.value not in ("0", "1"):
+        raise ConfigError(f"{key}={node.value} must be true or false")
+    return value
+
+
+def _hint_at(parts: list[str]) -> Any:
+    """The schema's type of a dotted setting; None where the schema has no such key."""
+    hint: Any = Config
+    for part in parts:
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            hint = _field_hints(hint).get(part)
+        elif typing.get_origin(hint) is dict:
+            hint = typing.get_args(hint)[1]
+        else:
+            return None
+    return hint
+
+
+@functools.cache
+def _field_hints(schema: type) -> dict[str, Any]:
+    return typing.get_type_hints(schema)
 
 
 def _yaml_problem(err: Exception) -> str:

@@ -6,8 +6,10 @@ the key and the fix. What a strategy accepts is the strategy's own rule (`core.s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
+import unicodedata
 from typing import Any
 
 from core import strategies
@@ -28,9 +30,9 @@ from core.settings.schema import (
 
 # Integer settings and their allowed range (inclusive); None: no upper bound.
 _RANGES: dict[str, tuple[int, int | None]] = {
-    "train.epochs": (1, None),
-    "train.global_batch_size": (1, None),
-    "train.grad_accum_steps": (1, None),
+    "train.epochs": (1, 1_000_000),
+    "train.global_batch_size": (1, 2**31 - 1),
+    "train.grad_accum_steps": (1, 2**20),
     "train.seed": (0, 2**32 - 1),  # NumPy's seeds
     "data.train_size": (1, 1_000_000),  # the synthetic set is generated in memory
     "data.test_size": (1, 1_000_000),
@@ -38,14 +40,15 @@ _RANGES: dict[str, tuple[int, int | None]] = {
     "data.channels": (1, 64),
     "data.image_size": (8, 1024),  # the ConvNet's two 3×3 convolutions and pooling need 6
     "data.classes": (2, 1_000_000),
-    "cluster.nodes": (1, None),
+    # What Slurm takes: beyond these no cluster has the node, and sbatch refuses or overflows.
+    "cluster.nodes": (1, 100_000),
     "cluster.gpus_per_node": (1, 64),
-    "cluster.cpus_per_task": (1, None),
-    "cluster.mem_gb": (0, None),
-    "cluster.timeout_min": (1, None),
-    "cluster.signal_delay_s": (0, None),
-    "cluster.max_requeues": (0, None),
-    "dist.timeout_s": (1, None),
+    "cluster.cpus_per_task": (1, 4096),
+    "cluster.mem_gb": (0, 1 << 20),  # a PiB
+    "cluster.timeout_min": (1, 366 * 24 * 60),
+    "cluster.signal_delay_s": (0, 65535),  # --signal's largest lead
+    "cluster.max_requeues": (0, 10_000),
+    "dist.timeout_s": (1, 7 * 24 * 3600),
 }
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -54,12 +57,20 @@ NAME_RULE = "letters, digits, '.', '_' and '-' (at most 64, starting with a lett
 
 _SBATCH_KEY = re.compile(r"[a-z][a-z0-9_-]*")
 
+# Settings Slurm takes as names (comma lists, and for a constraint & | [ ] * ! ( )): no space,
+# quote, backslash or comment sign, which would change how sbatch reads the line.
+_SLURM_NAMES = ("cluster.partition", "cluster.account", "cluster.qos", "cluster.constraint")
+_NAME_BREAKERS = re.compile(r"""[\s'"\\#`$]""")
+
 
 def validate(cfg: Config) -> None:
     """Every rule a config must meet, whoever made it; the first one broken raises."""
     strategy = strategies.of(cfg)  # an unknown mode first: it names the valid ones
     for key, (low, high) in _RANGES.items():
         _check_range(key, _get(cfg, key), low, high)
+    _check_text(dataclasses.asdict(cfg), "")
+    for key in _SLURM_NAMES:
+        _check_slurm_name(key, _get(cfg, key))
     t, c = cfg.train, cfg.cluster
     if not (math.isfinite(t.lr) and t.lr > 0):
         raise ConfigError(f"train.lr={t.lr} must be a positive number, e.g. train.lr=0.01")
@@ -87,6 +98,12 @@ def validate(cfg: Config) -> None:
             "cluster.backend=slurm (or --nodes 1)"
         )
     _check_sbatch_extra(c.sbatch_extra)
+    memory = [key for key in ("mem-per-cpu", "mem-per-gpu") if key in c.sbatch_extra]
+    if memory and c.mem_gb:
+        raise ConfigError(
+            f"cluster.sbatch_extra sets {memory[0]} and cluster.mem_gb={c.mem_gb} sets --mem: "
+            "Slurm takes one of them; drop one"
+        )
     _check_setup(c.setup)
     _check_workload(cfg)
     _check_batch_split(cfg)
@@ -239,7 +256,49 @@ _SBATCH_OWNED = {
     "error": "output.root (the kit names the logs)",
     "job-name": "output.name",
     "requeue": "cluster.max_requeues",
+    "no-requeue": "cluster.max_requeues",
+    # Options that would contradict the kit's own lines or the one task layout it writes.
+    "ntasks-per-gpu": "--mode and cluster.gpus_per_node",
+    "n": "--mode and cluster.gpus_per_node",
+    "gpus": "cluster.gpus_per_node",
+    "G": "cluster.gpus_per_node",
+    "gpus-per-task": "cluster.gpu_binding=task",
+    "cpus-per-gpu": "cluster.cpus_per_task",
+    "q": "cluster.qos",
+    "o": "output.root (the kit names the logs)",
+    "e": "output.root (the kit names the logs)",
+    "J": "output.name",
+    "array": "`launch sweep` (it writes the array)",
+    "a": "`launch sweep` (it writes the array)",
+    "wrap": "the kit's batch script (it is the job's command)",
 }
+
+
+def _check_text(values: Any, key: str) -> None:
+    """No setting holds a control character: settings are written into the job's batch script,
+    where a line break would start a line (a command) of its own."""
+    if isinstance(values, dict):
+        for name, value in values.items():
+            _check_text(name, key)
+            _check_text(value, f"{key}.{name}".strip("."))
+    elif isinstance(values, list):
+        for value in values:
+            _check_text(value, key)
+    elif isinstance(values, str):
+        bad = next((c for c in values if unicodedata.category(c) == "Cc"), None)
+        if bad is not None:
+            raise ConfigError(
+                f"{key}={values!r} holds the control character {bad!r}: settings go into the "
+                "job's batch script, where it would break the line; write the value on one line"
+            )
+
+
+def _check_slurm_name(key: str, value: str | None) -> None:
+    if value and _NAME_BREAKERS.search(value):  # empty: the default, as when unset
+        raise ConfigError(
+            f"{key}={value!r} is not a Slurm name: no spaces, quotes, backslashes, '#', '$' or "
+            f"'`' (a list is comma-separated, e.g. {key}=a,b), or drop {key} for the default"
+        )
 
 
 def _check_sbatch_extra(extra: dict[str, Any]) -> None:
