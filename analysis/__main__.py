@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_common_flags(summarize)
     summarize.add_argument(
         "run_dirs",
         nargs="*",

@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="print the batch script and parameters only"
     )
     sweep = command("sweep", _sweep, "submit a grid of runs as one Slurm array", config=True)
+    # A sweep's modes are --modes: --mode stays only to be refused with the fix (_sweep_modes).
+    _hide(sweep, "--mode")
     sweep.add_argument("--modes", default="dp,ddp", help="comma-separated modes (default: dp,ddp)")
     sweep.add_argument(
         "--parallel",
@@ -111,6 +113,13 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.epochs=3")
 
 
+def _hide(parser: argparse.ArgumentParser, flag: str) -> None:
+    """Leave `flag` out of the parser's help (it is still parsed)."""
+    for action in parser._actions:  # argparse has no public way to change an added argument
+        if flag in action.option_strings:
+            action.help = argparse.SUPPRESS
+
+
 def _add_run_arguments(parser: argparse.ArgumentParser, many: bool) -> None:
     if many:
         parser.add_argument(
@@ -149,12 +158,12 @@ def _submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _follow(job: Any, run_dir: Path, quiet: bool) -> int:
+def _follow(job: Any, run_dir: Path, quiet: bool, resumed: bool = False) -> int:
     """`--wait`: 0 if the job succeeded, 1 if it failed, 130 on Ctrl-C (said in one line)."""
     from launch.submit import follow, interrupted
 
     try:
-        return 0 if follow(job, run_dir, quiet=quiet) else 1
+        return 0 if follow(job, run_dir, quiet=quiet, resumed=resumed) else 1
     except KeyboardInterrupt:
         print(interrupted(job, run_dir), file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
@@ -166,12 +175,17 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.parallel is not None and args.parallel < 1:
         raise ConfigError(f"--parallel {args.parallel}: give at least 1")
     modes = _sweep_modes(args)
-    cfgs = [_resolve(args, f"mode={mode}", *point) for mode in modes for point in grid(args.grid)]
+    points = [(f"mode={mode}", *point) for mode in modes for point in grid(args.grid)]
+    cfgs = [_resolve(args, *point) for point in points]
     submitted: list[tuple[Path, Any]] = []
     try:
-        for run_dir, job in sweep(cfgs, command=_command(), parallel=args.parallel):
+        for (run_dir, job), point in zip(
+            sweep(cfgs, command=_command(), parallel=args.parallel), points, strict=False
+        ):
             submitted.append((run_dir, job))
-            print(f"submitted job {job.job_id}  run folder: {run_dir}", flush=True)
+            print(
+                f"submitted job {job.job_id}  {' '.join(point)}  run folder: {run_dir}", flush=True
+            )
     except KeyboardInterrupt:  # locally the sweep waits for its runs: Ctrl-C ends it cleanly
         from launch.submit import interrupted
 
@@ -194,11 +208,22 @@ def _local_sweep_result(submitted: list[tuple[Path, Any]]) -> int:
     import submitit
 
     from launch.jobs import failure_line
+    from launch.submit import result_words
 
     local = [run_dir for run_dir, job in submitted if isinstance(job, submitit.LocalJob)]
-    failed = [d for d in local if not runfolder.of_kind(runfolder.read_rank(d, 0), "summary")]
+    failed = []
+    for run_dir in local:  # each run's result, in the order submitted
+        summary = runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary")
+        if summary:
+            print(f"{run_dir.name}: {result_words(summary[-1])}", flush=True)
+        if not summary or summary[-1].get("diverged_epoch") is not None:
+            failed.append(run_dir)
     for run_dir in failed:
-        print(failure_line(run_dir) or f"{run_dir.name}: ended without a summary", file=sys.stderr)
+        if not runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):  # not diverged
+            line = failure_line(run_dir) or f"{run_dir.name}: ended without a summary"
+            print(line, file=sys.stderr)
+    if local:
+        print(f"{len(local) - len(failed)} of the sweep's {len(local)} runs completed", flush=True)
     if failed:
         print(
             f"{len(failed)} of the sweep's {len(local)} runs failed: see "
@@ -280,7 +305,7 @@ def _resume(args: argparse.Namespace) -> int:
     print(f"submitted job {job.job_id}")
     print(f"run folder: {args.run}", flush=True)
     if args.wait:
-        return _follow(job, args.run, quiet=args.quiet)
+        return _follow(job, args.run, quiet=args.quiet, resumed=True)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import io
 import os
@@ -149,10 +150,11 @@ def visible_count(count: int, visible: str | None) -> int:
 def slurm_parameters(cfg: Config, run_name: str) -> dict[str, Any]:
     """SlurmExecutor parameters; DP is one task holding the node's GPUs, DDP one task per GPU."""
     c = cfg.cluster
+    typed = f"{c.gpu_type}:" if c.gpu_type else ""  # a cluster's GPU model: gpu:a100:4
     gpus = (
-        {"gpus_per_task": 1}
+        {"gpus_per_task": f"{typed}1"}
         if strategies.of(cfg).per_gpu and c.gpu_binding == GpuBinding.task
-        else {"gpus_per_node": c.gpus_per_node}
+        else {"gpus_per_node": f"{typed}{c.gpus_per_node}"}
     )
     optional = {
         "partition": c.partition,
@@ -168,7 +170,13 @@ def slurm_parameters(cfg: Config, run_name: str) -> dict[str, Any]:
         "time": c.timeout_min,
         "signal_delay_s": signal_delay_s(cfg),
         "setup": list(c.setup),
-        "srun_args": ["--kill-on-bad-exit=1"],  # one rank failing ends the job, not a hang
+        # One rank failing ends the job, not a hang. A typed --gpus-per-task reaches the step
+        # untyped: under Slurm 22.05 a step that inherits `a100:1` is bound to no GPU at all
+        # (measured on the test cluster); the allocation already holds the type.
+        "srun_args": [
+            "--kill-on-bad-exit=1",
+            *(["--gpus-per-task=1"] if "gpus_per_task" in gpus and typed else []),
+        ],
         # Requeueable: on the warning signal the job saves and asks Slurm to requeue it.
         "additional_parameters": {"requeue": True, **c.sbatch_extra},
         **gpus,
@@ -223,7 +231,7 @@ def _submit_into(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Job[A
         runfolder.update_meta(run_dir, submit_error=str(err))
         raise SubmitError(
             f"Slurm refused the job: {_scheduler_words(err)}. Compare cluster.partition, nodes, "
-            "gpus_per_node, cpus_per_task and mem_gb with what the cluster has: "
+            "gpus_per_node, gpu_type, cpus_per_task and mem_gb with what the cluster has: "
             "`sinfo -o '%P %D %c %m %G'`"
         ) from None
     _record_job(run_dir, job)
@@ -356,16 +364,23 @@ def _say(line: str) -> None:
 
 
 def follow(
-    job: submitit.Job[Any], run_dir: Path, say: Callable[[str], None] = _say, quiet: bool = False
+    job: submitit.Job[Any],
+    run_dir: Path,
+    say: Callable[[str], None] = _say,
+    quiet: bool = False,
+    resumed: bool = False,
 ) -> bool:
     """Print one line per finished epoch (unless quiet) until the job ends; then its result or
-    its error."""
-    shown = 0
+    its error. `resumed`: a job resumed into the folder; the epochs done before are not shown
+    again, and where it goes on from is said once it starts."""
+    view = runfolder.read_rank(run_dir, 0) if resumed else []
+    earlier = runfolder.of_kind(view, "start")  # the last attempt's start, if any
+    shown = _Shown(len(runfolder.of_kind(view, "epoch")), earlier[0]["time"] if earlier else None)
     progress = (lambda line: None) if quiet else say
     said, look = "", time.monotonic() + PENDING_LOOK_S
     slurm_says = _SlurmWord(job, run_dir, say)
     while not job.done() or slurm_says.still_running():
-        shown = _show_epochs(run_dir, shown, progress)
+        _show_epochs(run_dir, shown, progress)
         if isinstance(job, submitit.SlurmJob) and time.monotonic() > look:
             said, look = _say_pending(job, run_dir, said, progress), look + PENDING_LOOK_S
         time.sleep(1.0)
@@ -393,7 +408,7 @@ def follow(
     if result.get("diverged_epoch") is not None:
         say(f"job {job.job_id} diverged: {diverged_words(result)}")
         return False
-    say(f"job {job.job_id} done: {_result_words(result)}")
+    say(f"job {job.job_id} done: {result_words(result)}")
     return True
 
 
@@ -530,7 +545,10 @@ def continue_words(run_dir: Path) -> str:
     return f"it had saved no checkpoint yet: `python -m launch resume {run_dir}` starts it over"
 
 
-def _result_words(result: dict[str, Any]) -> str:
+def result_words(result: dict[str, Any]) -> str:
+    """A finished run's result in words, from its rank-0 summary."""
+    if result.get("diverged_epoch") is not None:
+        return f"diverged: {diverged_words(result)}"
     if "largest_global_batch" in result:
         largest, trials = result["largest_global_batch"], result.get("trials") or []
         if not trials:
@@ -547,13 +565,27 @@ def _result_words(result: dict[str, Any]) -> str:
     )
 
 
-def _show_epochs(run_dir: Path, shown: int, say: Callable[[str], None]) -> int:
+@dataclasses.dataclass
+class _Shown:
+    """What `--wait` has said: epochs 1..last, of the attempt that started at `attempt`."""
+
+    last: int = 0
+    attempt: float | None = None
+
+
+def _show_epochs(run_dir: Path, shown: _Shown, say: Callable[[str], None]) -> None:
+    """Say each epoch past the last one said. A new attempt (a requeue, a resume) is said with
+    where it goes on from; one that goes on from an earlier epoch (its checkpoint was older)
+    has those epochs said again."""
     records = runfolder.read_rank(run_dir, 0)
     start = next(iter(runfolder.of_kind(records, "start")), None)
     epochs = runfolder.of_kind(records, "epoch")
-    if len(epochs) < shown:  # a new attempt started over: its epochs are shown as they come
-        shown = 0
-    for r in epochs[shown:]:
+    if start and start["time"] != shown.attempt:
+        first, batch = start.get("first_epoch", 1), start.get("resumed_at_batch", 0)
+        if shown.attempt is not None:
+            say(f"resumed at epoch {first}, batch {batch}")
+        shown.attempt, shown.last = start["time"], min(shown.last, first - 1)
+    for r in epochs[shown.last :]:
         world = start["world_size"] if start else 1
         total = start["epochs"] if start else "?"
         timing = (
@@ -565,7 +597,7 @@ def _show_epochs(run_dir: Path, shown: int, say: Callable[[str], None]) -> int:
             f"epoch {r['epoch']}/{total}: {timing}, train loss {r['train_loss']:.4f}, "
             f"test loss {r['test_loss']:.4f}, accuracy {r['test_accuracy']:.2%}"
         )
-    return len(epochs)
+    shown.last = max(shown.last, len(epochs))
 
 
 def dry_run(cfg: Config) -> str:

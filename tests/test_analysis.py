@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import re
 import shutil
 from pathlib import Path
@@ -15,6 +16,7 @@ from kit import SMALL, kit, kit_here, records, run_folder
 
 from analysis.load import FIGURES
 from analysis.table import comparison
+from core import runfolder
 
 LABELS = {f.column: f.label for f in FIGURES}
 
@@ -242,6 +244,34 @@ def test_a_field_of_the_wrong_type_is_skipped_by_every_reader(
     for command in (("logs", str(bad)), ("cancel", str(root))):
         done = kit_here("launch", *command)
         assert done.returncode == 0 and "Traceback" not in done.stderr, (command, done.stderr)
+
+
+@pytest.mark.parametrize("unreadable", ["permissions", "a folder"])
+def test_a_file_that_cannot_be_read_is_a_warning_not_a_traceback(
+    runs: dict[str, Path], tmp_path: Path, unreadable: str
+) -> None:
+    """Rank 0's records and a log that cannot be read: mode 000 for a user who is not the owner
+    (root reads them all: skipped as root), or a folder where the file should be."""
+    if unreadable == "permissions" and os.geteuid() == 0:
+        pytest.skip("root reads a file of any mode")
+    run_dir = _copy(runs["ddp"], tmp_path)
+    files = [runfolder.metrics_path(run_dir, 0), next(runfolder.logs_dir(run_dir).rglob("*.err"))]
+    for path in files:
+        if unreadable == "permissions":
+            path.chmod(0)
+        else:
+            path.unlink()
+            (path / "x").mkdir(parents=True)
+    for command in (
+        ("launch", "status", str(run_dir)),
+        ("analysis", "summarize", str(run_dir)),
+        ("launch", "logs", str(run_dir), "--rank", "0"),
+        ("launch", "cancel", str(run_dir)),
+    ):
+        done = kit_here(*command)
+        assert "Traceback" not in done.stderr and done.returncode in (0, 1), (command, done)
+    if unreadable == "permissions":
+        assert "Permission denied" in kit_here("launch", "status", str(run_dir)).stderr
 
 
 def test_a_run_without_metrics_is_reported_not_fatal(runs: dict[str, Path], tmp_path: Path) -> None:

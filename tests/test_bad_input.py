@@ -131,6 +131,11 @@ CASES = [
         )
     ],
     Case(
+        "gpu_type with a space",
+        ("cluster.gpu_type='a 100'",),
+        ("cluster.gpu_type='a 100' is not a GPU type name", "e.g. cluster.gpu_type=a100"),
+    ),
+    Case(
         "mem-per-cpu beside mem_gb",
         ("cluster.sbatch_extra.mem-per-cpu=4G", "cluster.mem_gb=8"),
         ("sets mem-per-cpu and cluster.mem_gb=8 sets --mem", "drop one"),

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
-from kit import SMALL, kit, kit_here
+from kit import REPO, SMALL, kit, kit_here
 
 
 @pytest.mark.parametrize(
@@ -54,3 +56,38 @@ def test_sweep_refuses_a_point_that_would_run_twice(
     [line] = done.stderr.splitlines()
     assert line.startswith("error: ") and named in line
     assert not (tmp_path / "runs").exists()
+
+
+COMMANDS = [
+    *(("launch", name) for name in ("config", "submit", "sweep", "prepare", "status", "resume")),
+    ("launch", "cancel"),
+    ("launch", "logs"),
+    ("analysis", "summarize"),
+    ("train", "run"),
+    ("train", "prepare-data"),
+    ("train", "fetch-mnist"),
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_command_takes_version_verbose_and_quiet(command: tuple[str, str]) -> None:
+    module, name = command
+    done = kit_here(module, name, "--version")
+    assert done.returncode == 0 and done.stdout.startswith(f"python -m {module} {name} "), done
+    helped = kit_here(module, name, "--help").stdout
+    assert "-v, --verbose" in helped and "-q, --quiet" in helped, helped
+
+
+def test_sweep_help_lists_only_what_sweep_takes() -> None:
+    helped = kit_here("launch", "sweep", "--help").stdout
+    assert "--modes" in helped and "--mode " not in helped and "--mode {" not in helped
+
+
+@pytest.mark.parametrize("script", ["ddp", "dp"])
+def test_a_batch_script_run_outside_slurm_says_how_to_submit_it(script: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    done = subprocess.run(
+        ["bash", str(REPO / f"slurm/{script}.sbatch")], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(f"error: submit this script with sbatch (sbatch slurm/{script}")

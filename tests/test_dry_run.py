@@ -16,7 +16,7 @@ from kit import REPO, kit
 GOLDEN = REPO / "tests" / "golden" / "ddp-2nodes.txt"
 ARGS = [
     "launch", "submit", "--dry-run", "--mode", "ddp", "--nodes", "2", "cluster.backend=slurm",
-    "cluster.partition=gpu", "cluster.account=proj", "cluster.mem_gb=64",
+    "cluster.partition=gpu", "cluster.account=proj", "cluster.mem_gb=64", "cluster.gpu_type=a100",
     'cluster.setup=["module load cuda/12.4"]', "cluster.sbatch_extra.mail-type=END",
 ]  # fmt: skip
 

@@ -96,12 +96,17 @@ def test_local_stop_cancel_and_resumes_end_as_if_never_stopped(
               "an epoch of the second attempt")  # fmt: skip
     assert kit("launch", "cancel", str(run_dir)).returncode == 0
     _wait_for(lambda: " CANCELLED " in kit("launch", "status", str(run_dir)).stdout, 120, "CANCEL")
+    done_before = len(epochs())
     resumed = kit("launch", "resume", str(run_dir), "--wait")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    start = runfolder.of_kind(runfolder.read_rank(run_dir, 0), "start")[0]  # the third attempt's
+    said = f"resumed at epoch {start['first_epoch']}, batch {start['resumed_at_batch']}"
+    assert said in resumed.stdout.splitlines(), resumed.stdout  # where it went on from, once
     shown = [
         line.split("/")[0] for line in resumed.stdout.splitlines() if line.startswith("epoch ")
     ]
-    assert shown == [f"epoch {n}" for n in range(1, 13)]  # each epoch once
+    # The epochs done before are not shown again; the new attempt's, each once.
+    assert shown == [f"epoch {n}" for n in range(done_before + 1, 13)], resumed.stdout
     assert _final_hashes(run_dir) == {uninterrupted}
     assert _attempts(run_dir) == 3  # the raw records keep every attempt
     split = [e for e in epochs() if e.get("resumed_at_batch")]

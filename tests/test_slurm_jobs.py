@@ -90,13 +90,14 @@ def test_ddp_sbatch_script_writes_a_run_folder(slurm_cluster: SlurmCluster, tmp_
     job_id, state, out = _sbatch(
         slurm_cluster,
         tmp_path,
-        "--gpus-per-node=2",
+        "--gpus-per-node=a100:2",  # the cluster's GPUs are typed: asked for by type
         "--ntasks-per-node=2",
         str(REPO / "slurm/ddp.sbatch"),
         *SBATCH_SMALL,
         *_kit_env(tmp_path),
     )
     assert state == "COMPLETED", out
+    assert "gres/gpu:a100=2" in _allocated(slurm_cluster, job_id)
     run_dir = Path(out.split("run folder: ")[1].split()[0])
     meta = json.loads((run_dir / "run.json").read_text())
     assert (meta["launcher"], meta["backend"], meta["job_id"]) == ("sbatch", "slurm", job_id)
@@ -211,14 +212,25 @@ def test_submitit_runs_sharded_strategies_on_two_nodes(
     assert wait_job(job_id, timeout=60, env=slurm_cluster.env) == "COMPLETED"
 
 
-@pytest.mark.parametrize(("binding", "seen"), [("node", ["0,1", "0,1"]), ("task", ["0", "1"])])
+def _allocated(cluster: SlurmCluster, job_id: str) -> str:
+    """What accounting says the job was given (TRES: cpu, mem, gres/gpu, gres/gpu:TYPE, …)."""
+    return cluster.run("sacct", "-X", "-n", "-j", job_id, "-o", "AllocTRES%200").stdout
+
+
+@pytest.mark.parametrize(
+    ("binding", "typed", "seen"),
+    [("node", [], ["0,1", "0,1"]), ("task", ["cluster.gpu_type=a100"], ["0", "1"])],
+)
 def test_submitit_ddp_binds_gpus(
-    slurm_cluster: SlurmCluster, tmp_path: Path, binding: str, seen: list[str]
+    slurm_cluster: SlurmCluster, tmp_path: Path, binding: str, typed: list[str], seen: list[str]
 ) -> None:
+    """Each binding, on a cluster whose GPUs are typed (a100): asked for without a type, and
+    with one (--gpus-per-task=a100:1)."""
     _wait_for_empty_queue(slurm_cluster)  # which GPUs a job gets depends on the free ones
     done = kit(
         *SUBMIT_DDP,
         f"cluster.gpu_binding={binding}",
+        *typed,
         "cluster.mem_gb=1",
         *SBATCH_SMALL,
         *_kit_env(tmp_path),
@@ -234,6 +246,7 @@ def test_submitit_ddp_binds_gpus(
     assert wait_job(job_id, timeout=60, env=slurm_cluster.env) == "COMPLETED"  # sacct lags a little
     status = kit("launch", "status", str(run_dir))
     assert " COMPLETED " in status.stdout and " 2/2" in status.stdout
+    assert "gres/gpu:a100=2" in _allocated(slurm_cluster, job_id)
 
 
 def test_status_cancel_and_logs(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -404,24 +417,34 @@ def test_dry_run_prints_the_script_and_submits_nothing(
     assert slurm_cluster.run("squeue", "-h").stdout.strip() == ""
 
 
-def test_more_gpus_than_a_node_has_is_refused(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("asked", "slurm_says"),
+    [
+        (["cluster.gpus_per_node=5"], "Requested node configuration is not available"),
+        (["cluster.gpu_type=h100"], "Requested node configuration is not available"),
+    ],
+    ids=["5 GPUs", "a type it has not"],
+)
+def test_more_gpus_than_a_node_has_is_refused(
+    slurm_cluster: SlurmCluster, tmp_path: Path, asked: list[str], slurm_says: str
+) -> None:
     done = kit(
         "launch",
         "submit",
         "--mode",
         "ddp",
         "cluster.backend=slurm",
-        "cluster.gpus_per_node=5",
+        *asked,
         "train.global_batch_size=500",
         *_kit_env(tmp_path),
     )
-    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert (
         "Slurm refused the job" in done.stderr
-        and "Requested node configuration is not available" in done.stderr
+        and slurm_says in done.stderr
         and "gpus_per_node" in done.stderr
         and "sinfo" in done.stderr
-    )
+    ), done.stderr
     assert list((tmp_path / "runs").iterdir()) == []  # the run folder made for it is gone
 
 

@@ -40,7 +40,7 @@ def parse_env(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
-def test_all_nodes_idle_with_8_cpus_and_4_gpus(slurm_cluster: SlurmCluster) -> None:
+def test_all_nodes_idle_with_8_cpus_and_4_typed_gpus(slurm_cluster: SlurmCluster) -> None:
     # A job of an earlier test may still be completing: give the nodes a moment.
     deadline = time.monotonic() + 10
     while True:
@@ -51,8 +51,8 @@ def test_all_nodes_idle_with_8_cpus_and_4_gpus(slurm_cluster: SlurmCluster) -> N
             break
         time.sleep(0.2)
     assert nodes == [
-        ["127.0.0.11", "idle", "8", "16000", "gpu:4", "debug*"],
-        ["127.0.0.12", "idle", "8", "16000", "gpu:4", "debug*"],
+        ["127.0.0.11", "idle", "8", "16000", "gpu:a100:4", "debug*"],
+        ["127.0.0.12", "idle", "8", "16000", "gpu:a100:4", "debug*"],
     ]
 
 

@@ -319,7 +319,14 @@ def test_a_local_sweep_with_a_failed_run_says_which_and_exits_1(tmp_path: Path) 
         f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data", env={"PYTHONPATH": os.pathsep.join([str(tests), str(REPO)])},
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
-    assert done.stdout.count("submitted job ") == 2
+    submitted = [line for line in done.stdout.splitlines() if line.startswith("submitted job ")]
+    assert len(submitted) == 2  # each with its grid point
+    assert "  mode=ddp model.name=convnet  run folder: " in submitted[0]
+    assert "  mode=ddp model.name=test_units:broken_model  run folder: " in submitted[1]
+    lines = done.stdout.splitlines()  # then each completed run's result, and the tally
+    first = Path(submitted[0].split("run folder: ")[1]).name
+    assert any(line.startswith(f"{first}: test accuracy ") for line in lines), done.stdout
+    assert lines[-1] == "1 of the sweep's 2 runs completed"
     failed = done.stderr.splitlines()
     assert "failed first: ValueError: a bug in this model (injected)" in failed[0]
     assert failed[1] == "1 of the sweep's 2 runs failed: see `python -m launch logs RUN`"
@@ -388,14 +395,14 @@ def test_the_launcher_counts_visible_gpus_as_torch_does(visible: str | None, exp
 def test_largest_batch_result_in_words(
     largest: int | None, trials: list[tuple[int, bool]], said: str
 ) -> None:
-    from launch.submit import _result_words
+    from launch.submit import result_words
 
     result = {
         "largest_global_batch": largest,
         "trials": [{"global_batch": b, "fits": ok} for b, ok in trials],
         "ceiling": CEILING,
     }
-    assert _result_words(result).endswith(said)
+    assert result_words(result).endswith(said)
 
 
 def test_ctrl_c_in_any_command_is_one_line_and_exit_130(capsys: pytest.CaptureFixture[str]) -> None:

@@ -31,15 +31,18 @@ def _parser() -> argparse.ArgumentParser:
         "run_dir", type=Path, help="a run folder made by `python -m launch prepare` or `submit`"
     )
     run.set_defaults(func=_run)
+    add_common_flags(run)
     prepare = commands.add_parser(
         "prepare-data", help="write the synthetic dataset the config names"
     )
     prepare.add_argument("--config", dest="config_file", help="YAML file merged over the defaults")
     prepare.add_argument("overrides", nargs="*", metavar="key=value")
     prepare.set_defaults(func=_prepare)
+    add_common_flags(prepare)
     fetch = commands.add_parser("fetch-mnist", help="download real MNIST (needs internet)")
     fetch.add_argument("--root", type=Path, default=Path("data"), help="data.root of the runs")
     fetch.set_defaults(func=_fetch)
+    add_common_flags(fetch)
     return parser
 
 

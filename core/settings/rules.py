@@ -60,6 +60,7 @@ _SBATCH_KEY = re.compile(r"[a-z][a-z0-9_-]*")
 # Settings Slurm takes as names (comma lists, and for a constraint & | [ ] * ! ( )): no space,
 # quote, backslash or comment sign, which would change how sbatch reads the line.
 _SLURM_NAMES = ("cluster.partition", "cluster.account", "cluster.qos", "cluster.constraint")
+_GRES_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _NAME_BREAKERS = re.compile(r"""[\s'"\\#`$]""")
 
 
@@ -72,6 +73,11 @@ def validate(cfg: Config) -> None:
     for key in _SLURM_NAMES:
         _check_slurm_name(key, _get(cfg, key))
     t, c = cfg.train, cfg.cluster
+    if c.gpu_type and not _GRES_TYPE.fullmatch(c.gpu_type):
+        raise ConfigError(
+            f"cluster.gpu_type={c.gpu_type!r} is not a GPU type name: letters, digits, '.', '_' "
+            "and '-', as `sinfo -o '%G'` lists them (gpu:TYPE:COUNT), e.g. cluster.gpu_type=a100"
+        )
     if not (math.isfinite(t.lr) and t.lr > 0):
         raise ConfigError(f"train.lr={t.lr} must be a positive number, e.g. train.lr=0.01")
     if not 0 <= t.momentum < 1:

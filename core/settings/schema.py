@@ -140,6 +140,9 @@ class ClusterConfig:
     backend: Backend = Backend.auto
     nodes: int = 1
     gpus_per_node: int = 4  # on a machine without GPUs: that many CPU (gloo) workers for DDP
+    # The cluster's name for the GPU model, where it asks for one (--gpus-per-node=a100:4); on
+    # the local backend it is only recorded.
+    gpu_type: str | None = None
     gpu_binding: GpuBinding = GpuBinding.node
     cpus_per_task: int = 2  # per GPU: DP's one task gets this × gpus_per_node
     mem_gb: int = 0  # 0: the partition's default

@@ -4,7 +4,7 @@
 # Every file it writes (configs, state, spool, pid files, logs, database) lies under DIR.
 # Nodes are named by loopback addresses 127.0.0.11, 127.0.0.12, ... so a job's hostnames
 # (MASTER_ADDR) resolve without touching /etc/hosts. Each node claims 8 CPUs, 16000 MB and
-# 4 "GPUs" (symlinks to /dev/null), whatever the machine really has.
+# 4 "GPUs" of type a100 (symlinks to /dev/null), whatever the machine really has.
 #
 # Usage: start.sh DIR [NODES]      (DIR must be empty or not exist yet; NODES defaults to 2)
 # Then:  source DIR/env.sh         (exports SLURM_CONF; every Slurm client needs it)
@@ -100,6 +100,9 @@ if [[ $NETNS == 1 ]]; then
 fi
 NODE_NAMES=()
 for ((i = 1; i <= NODES; i++)); do NODE_NAMES+=("$(node_name "$i")"); done
+# Typed, as most GPU clusters name theirs: a request may name the type (--gpus-per-node=a100:4)
+# or not (--gpus-per-node=4); another type is refused at submission.
+GPU_TYPE=a100
 # A gres File must exist; /dev/null works. With Count=4 and no File the node drains.
 for g in 0 1 2 3; do ln -s /dev/null "$DIR/dev/nvidia$g"; done
 
@@ -166,17 +169,17 @@ GresTypes=gpu
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort=$DBD_PORT
-# Record GPUs per job in accounting (sacct -o AllocTRES shows gres/gpu=N).
-AccountingStorageTRES=gres/gpu
+# Record GPUs per job in accounting (sacct -o AllocTRES shows gres/gpu=N and gres/gpu:a100=N).
+AccountingStorageTRES=gres/gpu,gres/gpu:$GPU_TYPE
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 
 EOF
 for ((i = 1; i <= NODES; i++)); do
     n=$(node_name "$i")
-    echo "NodeName=$n NodeAddr=$(node_addr "$i") Port=$((NODE_PORT0 + i - 1)) CPUs=8 RealMemory=16000 Gres=gpu:4 State=UNKNOWN" \
+    echo "NodeName=$n NodeAddr=$(node_addr "$i") Port=$((NODE_PORT0 + i - 1)) CPUs=8 RealMemory=16000 Gres=gpu:$GPU_TYPE:4 State=UNKNOWN" \
         >>"$DIR/slurm.conf"
-    echo "NodeName=$n Name=gpu File=$DIR/dev/nvidia[0-3]" >>"$DIR/gres.conf"
+    echo "NodeName=$n Name=gpu Type=$GPU_TYPE File=$DIR/dev/nvidia[0-3]" >>"$DIR/gres.conf"
 done
 echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP" >>"$DIR/slurm.conf"
 : >"$DIR/plugstack.conf"
