@@ -2,4 +2,5 @@ import sys
 
 from launch.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a spawned process imports it as its main
+    sys.exit(main())

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import importlib
 import io
+import multiprocessing
 import os
 import shlex
 import shutil
@@ -22,6 +23,7 @@ import submitit
 
 from core import datafiles, factories, runfolder, slurm, strategies
 from core.errors import KitError
+from core.settings.loading import to_dict
 from core.settings.rules import (
     check_hardware,
     cpus_per_task,
@@ -114,6 +116,44 @@ def _check_factories(cfg: Config) -> None:
     ):
         if value not in built_in:
             factories.check(key, value)
+    if cfg.model.name not in MODELS or cfg.data.dataset not in DATASETS:
+        _try_workload(cfg)
+
+
+def _try_workload(cfg: Config) -> None:
+    """A user's dataset and model tried on this machine's CPU, in a process of its own (the
+    launcher imports no torch): labels, shapes and the class count are one-line errors now,
+    not after the queue wait."""
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: torch is only there
+    receive, send = context.Pipe(duplex=False)
+    trial = context.Process(target=_trial, args=(to_dict(cfg), send), daemon=True)
+    trial.start()
+    send.close()
+    try:
+        if not receive.poll(WORKLOAD_CHECK_S):
+            raise ConfigError(
+                f"trying data.dataset={cfg.data.dataset} and model.name={cfg.model.name} on the "
+                f"CPU took over {WORKLOAD_CHECK_S} s: make the factories quicker to call"
+            )
+        problem = receive.recv()
+    except EOFError:
+        trial.join()
+        problem = f"trying the workload on the CPU failed: its process ended ({trial.exitcode})"
+    finally:
+        trial.kill()
+        trial.join()
+    if problem:
+        raise ConfigError(problem)
+
+
+WORKLOAD_CHECK_S = 600
+WORKLOAD_MODULE = "train.workloads"  # imported by name in the trial's process, as JOB_MODULE is
+
+
+def _trial(values: dict[str, Any], send: Any) -> None:
+    """In the trial's process: '' sent back if the workload passes, else the error line."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the check runs on the CPU, before torch starts
+    send.send(importlib.import_module(WORKLOAD_MODULE).trial(values))
 
 
 def _local_gpus() -> int:
@@ -546,7 +586,7 @@ def continue_words(run_dir: Path) -> str:
 
 
 def result_words(result: dict[str, Any]) -> str:
-    """A finished run's result in words, from its rank-0 summary."""
+    """A finished run's result in words, from its first rank's summary."""
     if result.get("diverged_epoch") is not None:
         return f"diverged: {diverged_words(result)}"
     if "largest_global_batch" in result:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+import torch
 from kit import REPO, SMALL, alive, kit, records, run_folder, wait_for
 from paced import LASTING
 
@@ -307,8 +309,17 @@ def test_local_sweep_parallel_lets_runs_overlap(tmp_path: Path) -> None:
     assert first_start < first_done and second_start < second_done
 
 
-def broken_model(shape: tuple[int, ...], classes: int) -> None:
-    raise ValueError("a bug in this model (injected)")
+class _BrokenInTraining(torch.nn.Linear):
+    """Passes the launcher's trial (one forward in eval mode), fails once it trains."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            raise ValueError("a bug in this model (injected)")
+        return super().forward(x.flatten(1))
+
+
+def broken_model(shape: tuple[int, ...], classes: int) -> torch.nn.Module:
+    return _BrokenInTraining(math.prod(shape), classes)
 
 
 def test_a_local_sweep_with_a_failed_run_says_which_and_exits_1(tmp_path: Path) -> None:

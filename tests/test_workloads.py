@@ -58,6 +58,11 @@ def float_labels(train: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.zeros(8, 4), torch.zeros(8)
 
 
+def ignores_classes(shape: tuple[int, ...], classes: int) -> nn.Module:
+    """Breaks the contract: a head of 10 whatever the dataset's class count (3 for blobs)."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), 10))
+
+
 def stray_label(train: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Three classes and one label of 10⁹ (a typo, a sentinel): not a model of 10⁹ classes."""
     labels = torch.arange(12) % 3
@@ -133,19 +138,38 @@ def test_resnet18_on_patterns_with_dp_and_ddp(tmp_path: Path) -> None:
             ["labels of shape (8,) and torch.float32", "labels integers (N,)"],
         ),
         ("model.name=test_workloads:not_a_model", ["returned a tuple", "-> torch.nn.Module"]),
+        (
+            "model.name=test_workloads:ignores_classes",
+            ["gave (2, 10) for 2 samples of shape (4,): it must give (N, 3)", "0..2"],
+        ),
         ("train.channels_last=true", ["gives samples of shape (4,): drop it"]),
+        ("data.train_size=100", ["data.train_size sizes the embedded datasets", "drop"]),
     ],
 )
-def test_a_broken_factory_or_a_setting_it_cannot_take_is_named(
+def test_a_broken_factory_or_a_setting_it_cannot_take_is_refused_at_submit(
     tmp_path: Path, setting: str, fragments: list[str]
 ) -> None:
+    """The launcher tries the workload on the CPU (`python -m train check-workload`) before
+    anything is made or queued: one line naming the fix, exit 2, no run folder."""
     other = [u for u in USER if u.split("=")[0] != setting.split("=")[0]]
     code, out, folder = _submit(tmp_path, "--mode", "ddp", setting, *other,
                                 "cluster.gpus_per_node=1", "train.global_batch_size=8")  # fmt: skip
-    assert code != 0 and "Traceback" not in out.split("error")[-1]
+    assert code == 2 and "Traceback" not in out, out
     for fragment in fragments:
         assert fragment in out, out
-    assert folder is not None and (folder / "config.yaml").is_file()  # what was written stays
+    assert folder is None and not (tmp_path / "runs").exists()
+
+
+def test_a_broken_model_found_in_the_job_is_named_the_same_way(tmp_path: Path) -> None:
+    """Where the launcher's check did not run (a run folder made for an sbatch script), the job
+    builds the model with the same check: one error line, no traceback of the kit."""
+    settings = ["model.name=test_workloads:ignores_classes", USER[1], f"output.root={tmp_path}"]
+    prepared = kit("launch", "prepare", "--mode", "ddp", "cluster.gpus_per_node=1", *settings,
+                   env=ON_PATH)  # fmt: skip
+    assert prepared.returncode == 0, prepared.stderr
+    done = kit("train", "run", prepared.stdout.strip(), env=ON_PATH)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "gave (2, 10) for 2 samples of shape (4,): it must give (N, 3)" in done.stderr
 
 
 @pytest.mark.parametrize(

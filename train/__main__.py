@@ -39,6 +39,13 @@ def _parser() -> argparse.ArgumentParser:
     prepare.add_argument("overrides", nargs="*", metavar="key=value")
     prepare.set_defaults(func=_prepare)
     add_common_flags(prepare)
+    check = commands.add_parser(
+        "check-workload", help="try a user's dataset and model factories on the CPU, as submit does"
+    )
+    check.add_argument("--config", dest="config_file", help="YAML file merged over the defaults")
+    check.add_argument("overrides", nargs="*", metavar="key=value")
+    check.set_defaults(func=_check_workload)
+    add_common_flags(check)
     fetch = commands.add_parser("fetch-mnist", help="download real MNIST (needs internet)")
     fetch.add_argument("--root", type=Path, default=Path("data"), help="data.root of the runs")
     fetch.set_defaults(func=_fetch)
@@ -76,6 +83,14 @@ def _prepare(args: argparse.Namespace) -> int:
     folder = datafiles.dataset_dir(d.dataset, d.root, cfg.train.seed, d.train_size, d.test_size)
     written = data.prepare_synthetic(folder, cfg.train.seed, d.train_size, d.test_size)
     print(f"synthetic digits in {written}")
+    return 0
+
+
+def _check_workload(args: argparse.Namespace) -> int:
+    from core.settings.loading import load_config
+    from train import workloads
+
+    print(workloads.check(load_config(args.config_file, args.overrides)))
     return 0
 
 

@@ -178,9 +178,14 @@ def _multiprocessing_server(pid: int) -> bool:
     """multiprocessing's resource tracker or forkserver, known by the command they run."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            return b"from multiprocessing." in cmdline.read()
+            command = cmdline.read()
     except OSError:
         return False
+    # Not a spawned worker (multiprocessing.spawn), nor what a process of it forked.
+    return any(f"from multiprocessing.{server} import".encode() in command for server in _SERVERS)
+
+
+_SERVERS = ("resource_tracker", "forkserver")
 
 
 def _signal(pid: int, signum: int) -> None:

@@ -15,8 +15,10 @@ import torch
 from torch import nn
 
 from core import datafiles, factories, strategies
+from core.errors import KitError
+from core.settings.loading import from_dict
 from core.settings.schema import MODELS, Config, ConfigError
-from train import data, model
+from train import data, early, model
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Shape = model.Shape
@@ -86,7 +88,56 @@ def build_model(cfg: Config, shape: Shape, classes: int) -> nn.Module:
     built = factories.call("model.name", name, shape, classes)
     if not isinstance(built, nn.Module):
         raise factories.broken("model.name", name, f"returned a {type(built).__name__}")
+    _check_outputs(name, built, shape, classes)
     return built
+
+
+def _check_outputs(name: str, built: nn.Module, shape: Shape, classes: int) -> None:
+    """A user's model run once on two samples (on the CPU, before it is moved or wrapped): it
+    must give one logit per class, or training would end in the loss with PyTorch's words."""
+    try:
+        with torch.no_grad():
+            out = built.eval()(torch.zeros((2, *shape)))
+    except Exception as err:
+        raise factories.broken(
+            "model.name",
+            name,
+            f"failed on 2 samples of shape {tuple(shape)}: {type(err).__name__}: {err}",
+        ) from None
+    finally:
+        built.train()
+    got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    if got != (2, classes):
+        raise factories.broken(
+            "model.name", name,
+            f"gave {got} for 2 samples of shape {tuple(shape)}: it must give (N, {classes}), "
+            f"a logit per class of the dataset (its labels are 0..{classes - 1})",
+        )  # fmt: skip
+
+
+def trial(values: dict[str, Any]) -> str:
+    """`check` in the launcher's trial process (settings as plain values): '' if the workload
+    passes, else the error in one line. Whatever the factories started there is ended."""
+    try:
+        check(from_dict(values))
+        return ""
+    except KitError as err:  # the factory broke its contract: the message names the fix
+        return str(err)
+    except Exception as err:
+        return f"trying the workload on the CPU failed: {type(err).__name__}: {err}"
+    finally:
+        early.end_leftovers()
+
+
+def check(cfg: Config) -> str:
+    """A user's workload tried on the CPU before anything is submitted (`launch submit` runs it
+    as `python -m train check-workload`): the dataset's splits checked, the model built and run
+    once. Returns what was found, in words."""
+    sample, classes = shape(cfg, 0, lambda: None)
+    build_model(cfg, sample, classes)
+    return (
+        f"samples of shape {tuple(sample)}, {classes} classes: {cfg.model.name} gives a logit each"
+    )
 
 
 def _from_factory(spec: str) -> Workload:

@@ -136,6 +136,13 @@ def _check_workload(cfg: Config) -> None:
             f"{changed[0]} sets the shape of data.dataset=patterns; data.dataset={d.dataset} has "
             f"its own: drop {changed[0]}, or add data.dataset=patterns"
         )
+    sizes = {"data.train_size": 60000, "data.test_size": 10000}
+    resized = [key for key, default in sizes.items() if _get(cfg, key) != default]
+    if resized and FACTORY.fullmatch(d.dataset):
+        raise ConfigError(
+            f"{resized[0]} sizes the embedded datasets; data.dataset={d.dataset} gives its own "
+            f"samples: drop {resized[0]} (or size the splits in the factory)"
+        )
     if d.dataset == "patterns":
         size = (d.train_size + d.test_size) * d.channels * d.image_size**2
         if size > PATTERN_BYTES:
