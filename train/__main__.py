@@ -24,32 +24,33 @@ def _parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m train", description=__doc__)
     add_common_flags(parser)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
-    run = commands.add_parser(
-        "run", help="train into RUN_DIR (start one process per task with srun)"
-    )
+
+    def command(
+        name: str, func: object, text: str, config: bool = False
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=text)
+        add_common_flags(sub)
+        sub.set_defaults(func=func)
+        if config:
+            sub.add_argument(
+                "--config", dest="config_file", help="YAML file merged over the defaults"
+            )
+            sub.add_argument("overrides", nargs="*", metavar="key=value")
+        return sub
+
+    run = command("run", _run, "train into RUN_DIR (start one process per task with srun)")
     run.add_argument(
         "run_dir", type=Path, help="a run folder made by `python -m launch prepare` or `submit`"
     )
-    run.set_defaults(func=_run)
-    add_common_flags(run)
-    prepare = commands.add_parser(
-        "prepare-data", help="write the synthetic dataset the config names"
+    command("prepare-data", _prepare, "write the synthetic dataset the config names", config=True)
+    command(
+        "check-workload",
+        _check_workload,
+        "try a user's dataset and model factories on the CPU, as submit does",
+        config=True,
     )
-    prepare.add_argument("--config", dest="config_file", help="YAML file merged over the defaults")
-    prepare.add_argument("overrides", nargs="*", metavar="key=value")
-    prepare.set_defaults(func=_prepare)
-    add_common_flags(prepare)
-    check = commands.add_parser(
-        "check-workload", help="try a user's dataset and model factories on the CPU, as submit does"
-    )
-    check.add_argument("--config", dest="config_file", help="YAML file merged over the defaults")
-    check.add_argument("overrides", nargs="*", metavar="key=value")
-    check.set_defaults(func=_check_workload)
-    add_common_flags(check)
-    fetch = commands.add_parser("fetch-mnist", help="download real MNIST (needs internet)")
+    fetch = command("fetch-mnist", _fetch, "download real MNIST (needs internet)")
     fetch.add_argument("--root", type=Path, default=Path("data"), help="data.root of the runs")
-    fetch.set_defaults(func=_fetch)
-    add_common_flags(fetch)
     return parser
 
 
