@@ -8,12 +8,16 @@ STAMP := $(VENV)/.installed
 DEMO_ROOT := runs/demo-$(shell date -u +%Y%m%d-%H%M%S)
 DEMO_SETTINGS := cluster.backend=local data.train_size=12000 data.test_size=2000 train.epochs=3 output.root=$(DEMO_ROOT)
 
-.PHONY: demo test lint slurm-packages
+.PHONY: demo install test lint slurm-packages
 
 demo: $(STAMP)
 	$(PY) -m launch submit --mode dp --nodes 1 $(DEMO_SETTINGS) --wait
 	$(PY) -m launch submit --mode ddp --nodes 1 $(DEMO_SETTINGS) --wait
 	$(PY) -m analysis summarize $(DEMO_ROOT) --plot $(DEMO_ROOT)/comparison.png
+
+# Set-up alone (for a cluster's login node): the .venv with the kit and its dependencies.
+install: $(STAMP)
+	@echo "installed: $(abspath $(PY)) (torch $$($(PY) -c 'import torch; print(torch.__version__)'))"
 
 test: $(STAMP) slurm-packages lint
 	$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25
@@ -27,6 +31,7 @@ slurm-packages:
 	bash slurm/testcluster/install.sh
 
 $(STAMP): pyproject.toml
+	@echo "set-up: a virtual environment in $(VENV) with the kit, torch, torchvision, submitit, omegaconf, pandas (several GB the first time; pip's progress below)"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --editable '.[dev]'
+	$(PY) -m pip install --editable '.[dev]'
 	touch $(STAMP)

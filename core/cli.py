@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata
@@ -56,8 +57,13 @@ def run_cli(func: Callable[[argparse.Namespace], int], args: argparse.Namespace)
         return EXIT_INTERRUPTED
 
 
+VERBOSE = "KIT_VERBOSE"  # the launcher's -v, passed on to its jobs (which inherit the environment)
+
+
 def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
     """Messages to stderr, each line written as it happens (job logs show progress live)."""
+    if verbose:
+        os.environ[VERBOSE] = str(verbose)
     level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
     logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr, force=True)
 

@@ -10,12 +10,16 @@ without Slurm.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("kit")
 
 TIMEOUT_S = 10  # a query (status, pending reason): the controller may be slow or gone
 ACTION_TIMEOUT_S = 30  # scancel, scontrol requeue: worth waiting a little longer for
@@ -219,10 +223,16 @@ def parse_sacct(text: str) -> dict[str, dict[str, str]]:
 
 def _run(*args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str] | None:
     """The command's result; None where it could not run or outlasted its timeout."""
+    log.debug("slurm: %s", shlex.join(args))  # `-v` shows every Slurm command the kit runs
     try:
-        return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        log.debug("slurm: %s: %s", args[0], err)
         return None
+    log.debug(
+        "slurm: %s: exit %d, %d line(s) out", args[0], done.returncode, done.stdout.count("\n")
+    )
+    return done
 
 
 def _problem(done: subprocess.CompletedProcess[str] | None, command: str) -> str:

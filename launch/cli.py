@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
         help="runs at once (default: locally 1, one after another; on Slurm no limit)",
     )
     sweep.add_argument(
+        "--dry-run", action="store_true", help="print each run's point and the array script only"
+    )
+    sweep.add_argument(
         "--grid",
         action="append",
         default=[],
@@ -177,6 +180,12 @@ def _sweep(args: argparse.Namespace) -> int:
     modes = _sweep_modes(args)
     points = [(f"mode={mode}", *point) for mode in modes for point in grid(args.grid)]
     cfgs = [_resolve(args, *point) for point in points]
+    if args.dry_run:
+        from launch.submit import sweep_dry_run
+
+        print("".join(f"point {n}: {' '.join(p)}\n" for n, p in enumerate(points)), end="")
+        print(sweep_dry_run(cfgs, args.parallel), end="")
+        return 0
     submitted: list[tuple[Path, Any]] = []
     try:
         for (run_dir, job), point in zip(

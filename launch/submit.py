@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import importlib
 import io
+import logging
 import multiprocessing
 import os
 import shlex
@@ -33,6 +34,8 @@ from core.settings.rules import (
 )
 from core.settings.schema import DATASETS, MODELS, Backend, Config, ConfigError, GpuBinding
 from launch.jobs import diverged_words, process_identity
+
+log = logging.getLogger("kit")
 
 # What a job runs, named rather than imported: the launcher never loads the job's code (nor
 # torch); the job's own interpreter does, as `python -m train run` does under sbatch.
@@ -232,7 +235,9 @@ def make_executor(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Exec
         slurm = submitit.SlurmExecutor(
             folder=logs, max_num_timeout=cfg.cluster.max_requeues, python=TASK_PYTHON
         )
-        slurm.update_parameters(**slurm_parameters(cfg, run_dir.name))
+        parameters = slurm_parameters(cfg, run_dir.name)
+        log.debug("sbatch parameters: %s", parameters)
+        slurm.update_parameters(**parameters)
         return slurm
     local = submitit.LocalExecutor(folder=logs, python=TASK_PYTHON)
     local.update_parameters(
@@ -249,6 +254,7 @@ def submit(cfg: Config, command: list[str]) -> tuple[Path, submitit.Job[Any]]:
     """Check, create the run folder, then submit the training job into it."""
     backend = check_submission(cfg)
     run_dir = runfolder.create(cfg, launcher="launch", backend=backend.value, command=command)
+    log.debug("backend %s, run folder %s, data under %s", backend.value, run_dir, cfg.data.root)
     try:
         return run_dir, _submit_into(cfg, run_dir, backend)
     except SubmitError:
@@ -417,6 +423,11 @@ def follow(
     earlier = runfolder.of_kind(view, "start")  # the last attempt's start, if any
     shown = _Shown(len(runfolder.of_kind(view, "epoch")), earlier[0]["time"] if earlier else None)
     progress = (lambda line: None) if quiet else say
+    if shown.attempt is None:  # nothing to show until rank 0 has started: say what it does
+        progress(
+            f"starting {job.num_tasks} task(s): Python and torch, the data, the process group "
+            "(the first epoch follows)"
+        )
     said, look = "", time.monotonic() + PENDING_LOOK_S
     slurm_says = _SlurmWord(job, run_dir, say)
     while not job.done() or slurm_says.still_running():
@@ -605,6 +616,21 @@ def result_words(result: dict[str, Any]) -> str:
     )
 
 
+def _started_words(start: dict[str, Any]) -> str:
+    """What the job did before its first step, from rank 0's start record."""
+    parts = start.get("startup_parts") or {}
+    spent = ", ".join(
+        f"{name.replace('_', ' ')} {seconds:.1f} s" for name, seconds in parts.items()
+    )
+    took = (
+        f" in {start['startup_s']:.1f} s" if isinstance(start.get("startup_s"), int | float) else ""
+    )
+    return (
+        f"{start.get('world_size', '?')} rank(s) started{took}" + (f" ({spent})" if spent else "")
+        + f"; training on {start.get('device', '?')}"
+    )  # fmt: skip
+
+
 @dataclasses.dataclass
 class _Shown:
     """What `--wait` has said: epochs 1..last, of the attempt that started at `attempt`."""
@@ -624,6 +650,7 @@ def _show_epochs(run_dir: Path, shown: _Shown, say: Callable[[str], None]) -> No
         first, batch = start.get("first_epoch", 1), start.get("resumed_at_batch", 0)
         if shown.attempt is not None:
             say(f"resumed at epoch {first}, batch {batch}")
+        say(_started_words(start))
         shown.attempt, shown.last = start["time"], min(shown.last, first - 1)
     for r in epochs[shown.last :]:
         world = start["world_size"] if start else 1
@@ -672,18 +699,28 @@ echo "Submitted batch job 1"
 
 
 def _script_for(cfg: Config, run_dir: Path) -> str:
-    with tempfile.TemporaryDirectory(prefix="kit-dry-run-") as scratch:
-        folder, bin_dir = Path(scratch) / "run", Path(scratch) / "bin"
-        bin_dir.mkdir()
-        (bin_dir / "sbatch").write_text(_STAND_IN_SBATCH)
-        (bin_dir / "sbatch").chmod(0o755)
-        captured = Path(scratch) / "script.sh"
+    with (
+        tempfile.TemporaryDirectory(prefix="kit-dry-run-") as scratch,
+        _stand_in_sbatch(Path(scratch)) as captured,
+    ):
+        folder = Path(scratch) / "run"
         executor = make_executor(cfg, folder, Backend.slurm)
         executor.update_parameters(job_name=f"kit-{run_dir.name}")
-        env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
-        with _environment(env | {"KIT_DRY_RUN_SCRIPT": str(captured)}):
-            executor.submit(Training(), str(run_dir))
+        executor.submit(Training(), str(run_dir))
         return captured.read_text().replace(str(folder), str(run_dir))
+
+
+@contextlib.contextmanager
+def _stand_in_sbatch(scratch: Path) -> Iterator[Path]:
+    """While inside, `sbatch` is a stand-in that keeps the script (at the path yielded)."""
+    bin_dir = scratch / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(_STAND_IN_SBATCH)
+    (bin_dir / "sbatch").chmod(0o755)
+    captured = scratch / "script.sh"
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    with _environment(env | {"KIT_DRY_RUN_SCRIPT": str(captured)}):
+        yield captured
 
 
 @contextlib.contextmanager
@@ -731,22 +768,49 @@ def _local_sweep(
 def _slurm_sweep(
     cfgs: list[Config], command: list[str], parallel: int | None
 ) -> Iterator[tuple[Path, submitit.Job[Any]]]:
-    shape = _array_shape(cfgs)
     run_dirs = [
         runfolder.create(cfg, launcher="launch sweep", backend="slurm", command=command)
         for cfg in cfgs
     ]
-    logs = runfolder.sweep_logs_dir(run_dirs[0])
-    # Each element checks its own cluster.max_requeues first; submitit's count must not end it sooner.
-    most = max(c.cluster.max_requeues for c in cfgs)
-    executor = submitit.SlurmExecutor(folder=logs, max_num_timeout=most)
-    executor.update_parameters(**slurm_parameters(shape, f"sweep-{run_dirs[0].name}"))
-    if parallel:
-        executor.update_parameters(array_parallelism=parallel)
+    executor = _array_executor(cfgs, runfolder.sweep_logs_dir(run_dirs[0]), run_dirs[0], parallel)
     jobs = executor.map_array(ArrayElement(), [str(d) for d in run_dirs])
     for run_dir, job in zip(run_dirs, jobs, strict=True):
         _record_job(run_dir, job)
         yield run_dir, job
+
+
+def _array_executor(
+    cfgs: list[Config], logs: Path, first: Path, parallel: int | None
+) -> submitit.SlurmExecutor:
+    """The one array's executor: the DDP shape, its elements started as every job's tasks are."""
+    # Each element checks its own cluster.max_requeues first; submitit's count must not end it sooner.
+    most = max(c.cluster.max_requeues for c in cfgs)
+    executor = submitit.SlurmExecutor(folder=logs, max_num_timeout=most, python=TASK_PYTHON)
+    executor.update_parameters(**slurm_parameters(_array_shape(cfgs), f"sweep-{first.name}"))
+    if parallel:
+        executor.update_parameters(array_parallelism=parallel)
+    return executor
+
+
+def sweep_dry_run(cfgs: list[Config], parallel: int | None = None) -> str:
+    """What `sweep` would do, refusing what it would refuse: each run's grid point and folder,
+    and on Slurm the array's exact batch script. Nothing is created."""
+    for cfg in cfgs:
+        check_submission(cfg, dry_run=True)
+    run_dirs = [runfolder.check_root(c.output.root) / runfolder.new_name(c) for c in cfgs]
+    head = "".join(f"run folder (made on submit): {d}\n" for d in run_dirs)
+    if resolve_backend(cfgs[0].cluster.backend) == Backend.local:
+        at_once = parallel or 1
+        return f"{head}backend: local (submitit LocalExecutor), {at_once} run(s) at a time\n"
+    with (
+        tempfile.TemporaryDirectory(prefix="kit-dry-run-") as scratch,
+        _stand_in_sbatch(Path(scratch)) as captured,
+    ):
+        logs = Path(scratch) / "logs"
+        executor = _array_executor(cfgs, logs, run_dirs[0], parallel)
+        executor.map_array(ArrayElement(), [str(d) for d in run_dirs])
+        script = captured.read_text().replace(str(logs), str(runfolder.sweep_logs_dir(run_dirs[0])))
+    return f"{head}backend: slurm (submitit SlurmExecutor), one array of {len(cfgs)}\n\n{script}"
 
 
 def _array_shape(cfgs: list[Config]) -> Config:

@@ -736,3 +736,16 @@ def test_prepare_data_on_a_full_disk_is_one_line_and_leaves_nothing(full_disk: P
     assert "could not write the synthetic digits" in message and "No space left" in message
     assert "free space there, or point data.root at another folder" in message
     assert [p.name for p in (full_disk / "data").iterdir()] == []  # no partial copy
+
+
+def test_verbose_shows_the_slurm_commands_it_runs(tmp_path: Path) -> None:
+    cfg = load_config(overrides=[f"output.root={tmp_path}/runs", "cluster.backend=slurm"])
+    run_dir = runfolder.create(cfg, launcher="launch", backend="slurm", command=[])
+    runfolder.update_meta(run_dir, job_id="4242")
+    conf = tmp_path / "slurm.conf"  # a controller nobody runs: scancel fails in about a second
+    conf.write_text("ClusterName=gone\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=9\n")
+    if not shutil.which("scancel"):
+        pytest.skip("no Slurm client here")
+    done = kit_here("launch", "cancel", "-v", str(run_dir), env={"SLURM_CONF": str(conf)})
+    assert done.returncode == 2, done.stderr
+    assert "slurm: scancel 4242" in done.stderr and "slurm: scancel: exit " in done.stderr

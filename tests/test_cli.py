@@ -91,3 +91,23 @@ def test_a_batch_script_run_outside_slurm_says_how_to_submit_it(script: str) -> 
     )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith(f"error: submit this script with sbatch (sbatch slurm/{script}")
+
+
+def test_sweep_dry_run_prints_each_point_and_the_array_script(tmp_path: Path) -> None:
+    done = kit_here(
+        "launch", "sweep", "--dry-run", "--modes", "dp,ddp", "--grid", "train.lr=0.1,0.2",
+        "cluster.backend=slurm", f"output.root={tmp_path}/runs",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:4] == [
+        "point 0: mode=dp train.lr=0.1",
+        "point 1: mode=dp train.lr=0.2",
+        "point 2: mode=ddp train.lr=0.1",
+        "point 3: mode=ddp train.lr=0.2",
+    ]
+    assert sum(line.startswith("run folder (made on submit): ") for line in lines) == 4
+    assert "#SBATCH --array=0-3%4" in lines
+    # Every element's tasks start as a job's do: the stop signals held before Python loads.
+    assert "-m train.start -u -m submitit.core._submit" in done.stdout
+    assert not (tmp_path / "runs").exists()  # nothing made, nothing submitted

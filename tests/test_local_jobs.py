@@ -187,10 +187,14 @@ def test_a_run_whose_loss_becomes_nan_ends_diverged(tmp_path: Path) -> None:
     where = ["cluster.backend=local", f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
     done = kit(
         "launch", "submit", "--mode", "ddp", *SMALL, "cluster.gpus_per_node=2", "train.lr=1e12",
-        "data.train_size=256", *where, "--wait",
+        "data.train_size=256", *where, "--wait", "-v",
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     run_dir = run_folder(done.stdout)
+    # -v: the launcher's decisions, and each rank's environment and rendezvous in its log.
+    assert f"backend local, run folder {run_dir}" in done.stderr, done.stderr
+    rank_log = kit("launch", "logs", str(run_dir), "--rank", "1").stdout
+    assert "rank 1: DistEnv(rank=1" in rank_log and "rank 1: rendezvous at 127.0.0.1:" in rank_log
     assert "diverged: its test loss became nan in epoch 1" in done.stdout, done.stdout
     assert "lower train.lr" in done.stdout and " done: " not in done.stdout
     assert [r["epoch"] for r in records(run_dir) if r["kind"] == "epoch"] == [1]  # then it stopped

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from core import runfolder, strategies
-from core.cli import setup_logging
+from core.cli import VERBOSE, setup_logging
 from core.errors import KitError
 from core.settings.rules import check_hardware, cpus_per_task, world_size
 from core.settings.schema import Config, Task
@@ -54,7 +54,7 @@ def _prologue(run_dir: str) -> tuple[Config, distenv.DistEnv, float]:
 def _log_to_stderr() -> None:
     """A job's progress lines reach its log as they happen (submitit calls `run` directly)."""
     if not logging.getLogger().handlers:
-        setup_logging()
+        setup_logging(int(os.environ.get(VERBOSE, "0") or 0))  # the launcher's -v, passed on
 
 
 def run_array_element(run_dir: str) -> dict[str, Any] | None:
@@ -189,6 +189,12 @@ def _setup(
 ) -> Context:
     device, gpus = _pick_device(cfg, env)
     torch.set_num_threads(_cpu_threads(cfg, env))
+    log.debug(
+        "rank %d: %s (from %s), device %s driving %d GPU(s), %d CPU thread(s), "
+        "CUDA_VISIBLE_DEVICES=%s, data under %s",
+        env.rank, env, env.source, device, gpus, torch.get_num_threads(),
+        os.environ.get("CUDA_VISIBLE_DEVICES", "unset"), cfg.data.root,
+    )  # fmt: skip
     torch.backends.cudnn.benchmark = cfg.train.cudnn_benchmark
     # The same initial weights everywhere (DDP broadcasts rank 0's anyway).
     torch.manual_seed(cfg.train.seed)
@@ -199,6 +205,10 @@ def _setup(
         env.export()
         if device.type == "cuda" and not searching:
             torch.cuda.set_device(device)
+        log.debug(
+            "rank %d: rendezvous at %s:%s, %d rank(s), timeout %d s",
+            env.rank, env.master_addr, env.master_port, env.world_size, cfg.dist.timeout_s,
+        )  # fmt: skip
         dist.init_process_group(
             backend="gloo" if searching else dist_backend(cfg),
             init_method="env://",
