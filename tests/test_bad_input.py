@@ -689,17 +689,27 @@ def test_resume_into_a_read_only_run_folder_is_one_line(read_only_run: Path) -> 
     assert sorted(p.name for p in read_only_run.rglob("*")) == before
 
 
-def test_a_cancel_scancel_failed_leaves_the_run_uncancelled(tmp_path: Path) -> None:
-    """scancel cannot reach the controller: one line saying the job was not cancelled, and the
-    run is not marked, so the job still saves at its time limit (a marked job would not)."""
+@pytest.fixture
+def unreachable_job(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A run folder of Slurm job 4242, and an environment whose Slurm controller nobody runs
+    (scancel fails in about a second)."""
+    if not shutil.which("scancel"):
+        pytest.skip("no Slurm client here")
     cfg = load_config(overrides=[f"output.root={tmp_path}/runs", "cluster.backend=slurm"])
     run_dir = runfolder.create(cfg, launcher="launch", backend="slurm", command=[])
     runfolder.update_meta(run_dir, job_id="4242")
-    conf = tmp_path / "slurm.conf"  # a controller nobody runs: scancel fails in about a second
+    conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=gone\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=9\n")
-    if not shutil.which("scancel"):
-        pytest.skip("no scancel here")
-    message = _one_error_line(kit("launch", "cancel", str(run_dir), env={"SLURM_CONF": str(conf)}))
+    return run_dir, {"SLURM_CONF": str(conf)}
+
+
+def test_a_cancel_scancel_failed_leaves_the_run_uncancelled(
+    unreachable_job: tuple[Path, dict[str, str]],
+) -> None:
+    """scancel cannot reach the controller: one line saying the job was not cancelled, and the
+    run is not marked, so the job still saves at its time limit (a marked job would not)."""
+    run_dir, env = unreachable_job
+    message = _one_error_line(kit("launch", "cancel", str(run_dir), env=env))
     assert "scancel 4242 failed" in message and "the job was not cancelled" in message
     assert not runfolder.read_meta(run_dir).get("cancel_requested")
 
@@ -738,14 +748,10 @@ def test_prepare_data_on_a_full_disk_is_one_line_and_leaves_nothing(full_disk: P
     assert [p.name for p in (full_disk / "data").iterdir()] == []  # no partial copy
 
 
-def test_verbose_shows_the_slurm_commands_it_runs(tmp_path: Path) -> None:
-    cfg = load_config(overrides=[f"output.root={tmp_path}/runs", "cluster.backend=slurm"])
-    run_dir = runfolder.create(cfg, launcher="launch", backend="slurm", command=[])
-    runfolder.update_meta(run_dir, job_id="4242")
-    conf = tmp_path / "slurm.conf"  # a controller nobody runs: scancel fails in about a second
-    conf.write_text("ClusterName=gone\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=9\n")
-    if not shutil.which("scancel"):
-        pytest.skip("no Slurm client here")
-    done = kit_here("launch", "cancel", "-v", str(run_dir), env={"SLURM_CONF": str(conf)})
+def test_verbose_shows_the_slurm_commands_it_runs(
+    unreachable_job: tuple[Path, dict[str, str]],
+) -> None:
+    run_dir, env = unreachable_job
+    done = kit_here("launch", "cancel", "-v", str(run_dir), env=env)
     assert done.returncode == 2, done.stderr
     assert "slurm: scancel 4242" in done.stderr and "slurm: scancel: exit " in done.stderr
