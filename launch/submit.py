@@ -423,7 +423,9 @@ def follow(
     earlier = runfolder.of_kind(view, "start")  # the last attempt's start, if any
     shown = _Shown(len(runfolder.of_kind(view, "epoch")), earlier[0]["time"] if earlier else None)
     progress = (lambda line: None) if quiet else say
-    if shown.attempt is None:  # nothing to show until rank 0 has started: say what it does
+    # A local job starts at once: say what it does until rank 0 has started (a Slurm job's
+    # wait in the queue is said by _say_pending, its start by the start line).
+    if shown.attempt is None and isinstance(job, submitit.LocalJob):
         progress(
             f"starting {job.num_tasks} task(s): Python and torch, the data, the process group "
             "(the first epoch follows)"
