@@ -220,15 +220,13 @@ def _local_sweep_result(submitted: list[tuple[Path, Any]]) -> int:
     from launch.submit import result_words
 
     local = [run_dir for run_dir, job in submitted if isinstance(job, submitit.LocalJob)]
-    failed = []
-    for run_dir in local:  # each run's result, in the order submitted
-        summary = runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary")
+    summaries = {d: runfolder.of_kind(runfolder.read_rank(d, 0), "summary") for d in local}
+    for run_dir, summary in summaries.items():  # each run's result, in the order submitted
         if summary:
             print(f"{run_dir.name}: {result_words(summary[-1])}", flush=True)
-        if not summary or summary[-1].get("diverged_epoch") is not None:
-            failed.append(run_dir)
+    failed = [d for d, s in summaries.items() if not s or s[-1].get("diverged_epoch") is not None]
     for run_dir in failed:
-        if not runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):  # not diverged
+        if not summaries[run_dir]:  # a diverged run has said so above
             line = failure_line(run_dir) or f"{run_dir.name}: ended without a summary"
             print(line, file=sys.stderr)
     if local:

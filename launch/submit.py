@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import importlib
 import io
+import json
 import logging
 import multiprocessing
 import os
@@ -127,9 +128,25 @@ def _try_workload(cfg: Config) -> None:
     """A user's dataset and model tried on this machine's CPU, in a process of its own (the
     launcher imports no torch): labels, shapes and the class count are one-line errors now,
     not after the queue wait."""
+    values = to_dict(cfg)
+    # What the trial depends on: a sweep's points that differ only in other settings are tried once.
+    workload = json.dumps(
+        [values["model"], values["data"], cfg.train.channels_last], sort_keys=True
+    )
+    if workload not in _TRIED:
+        _TRIED[workload] = _trial_problem(cfg, values)
+    if _TRIED[workload]:
+        raise ConfigError(_TRIED[workload])
+
+
+_TRIED: dict[str, str] = {}  # the workloads tried in this process, and what each trial said
+
+
+def _trial_problem(cfg: Config, values: dict[str, Any]) -> str:
+    """'' if the workload passed its trial, else the error line."""
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: torch is only there
     receive, send = context.Pipe(duplex=False)
-    trial = context.Process(target=_trial, args=(to_dict(cfg), send), daemon=True)
+    trial = context.Process(target=_trial, args=(values, send), daemon=True)
     trial.start()
     send.close()
     try:
@@ -145,8 +162,7 @@ def _try_workload(cfg: Config) -> None:
     finally:
         trial.kill()
         trial.join()
-    if problem:
-        raise ConfigError(problem)
+    return str(problem)
 
 
 WORKLOAD_CHECK_S = 600
