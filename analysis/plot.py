@@ -1,6 +1,7 @@
 """One PNG: a row of panels per group of comparable runs, DP and DDP side by side in each panel.
 
 Panels are a list of small functions, so a per-card memory or utilisation panel is one more entry.
+A group shows only the panels some of its runs measured (no GPU panels for CPU runs).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from analysis.table import COLUMNS, LABELS, NM, Group
+from analysis.table import COLUMNS, NM, Group, label
 
 
 def _epoch_times(ax: Axes, group: Group) -> None:
@@ -20,10 +21,10 @@ def _epoch_times(ax: Axes, group: Group) -> None:
     labelled: set[str] = set()
     train = group.runs[group.runs["task"] == "train"]
     for mode, seconds in zip(train["mode"], train["epoch_seconds"], strict=True):
-        label = None if mode in labelled else LABELS[mode]
+        name = None if mode in labelled else label(group, mode)
         labelled.add(mode)
         colour = COLUMNS[mode].colour
-        ax.plot(range(1, len(seconds) + 1), seconds, marker="o", color=colour, label=label)
+        ax.plot(range(1, len(seconds) + 1), seconds, marker="o", color=colour, label=name)
     ax.set(title="time per epoch", xlabel="epoch", ylabel="seconds (slowest rank)")
     # NaN (a split epoch has no one time) is drawn as a gap and left out of the limits.
     known = [v for seconds in train["epoch_seconds"] for v in seconds if math.isfinite(v)]
@@ -51,7 +52,8 @@ def _throughput(ax: Axes, group: Group) -> None:
 
 def _strategy_axis(ax: Axes, group: Group) -> None:
     """One place per strategy shown, DP and DDP even where one has no run."""
-    ax.set_xticks(range(len(group.columns)), [LABELS[m] for m in group.columns])
+    names = [label(group, m).replace(" (", "\n(") for m in group.columns]  # long: two lines
+    ax.set_xticks(range(len(group.columns)), names, fontsize=8)
     ax.set_xlim(-0.6, len(group.columns) - 0.4)
 
 
@@ -78,29 +80,53 @@ def _per_card(column: str, title: str, ylabel: str) -> Callable[[Axes, Group], N
     return panel
 
 
-# One column per panel, left to right.
-PANELS: list[Callable[[Axes, Group], None]] = [
-    _epoch_times,
-    _throughput,
-    _per_card("util_pct", "GPU utilisation (NVML)", "% of time a kernel ran"),
-    _per_card("max_allocated_mb", "peak memory (allocator)", "MB allocated"),
-    _per_card("nvml_used_mb_peak", "peak memory (NVML)", "MB used, driver's view"),
+Panel = tuple[Callable[[Axes, Group], None], tuple[str, ...]]  # draws; the figures it needs
+
+# Left to right: each panel and the table's figure columns it draws (drawn where one is measured).
+PANELS: list[Panel] = [
+    (_epoch_times, ("epoch_s", "first_epoch_s")),
+    (_throughput, ("throughput",)),
+    *(
+        (_per_card(column, title, ylabel), (f"{column}_main", f"{column}_other"))
+        for column, title, ylabel in (
+            ("util_pct", "GPU utilisation (NVML)", "% of time a kernel ran"),
+            ("max_allocated_mb", "peak memory (allocator)", "MB allocated"),
+            ("nvml_used_mb_peak", "peak memory (NVML)", "MB used, driver's view"),
+        )
+    ),
 ]
+
+
+def panels(group: Group) -> list[Callable[[Axes, Group], None]]:
+    """The panels of a group's row: those with a figure some run measured."""
+    return [
+        draw
+        for draw, needs in PANELS
+        if any(math.isfinite(group.medians[m][c]) for m in group.columns for c in needs)
+    ]
 
 
 def save_plot(groups: list[Group], path: Path) -> None:
     """Write the figure to path (its suffix picks the format: .png, .svg, .pdf)."""
+    rows_panels = [panels(group) for group in groups]
+    width = max([1, *map(len, rows_panels)])
     # A bare Figure, not pyplot: no GUI backend is looked for and no global state is left behind.
-    fig = Figure(figsize=(5 * len(PANELS), 3.8 * len(groups)), layout="constrained")
+    fig = Figure(figsize=(5 * width, 3.8 * len(groups)), layout="constrained")
     rows = fig.subfigures(len(groups), 1, squeeze=False)[:, 0]
-    for row, group in zip(rows, groups, strict=True):
+    for row, group, drawn in zip(rows, groups, rows_panels, strict=True):
         row.suptitle(_row_title(group), fontweight="bold")
-        for ax, panel in zip(row.subplots(1, len(PANELS), squeeze=False)[0], PANELS, strict=True):
+        axes = row.subplots(1, width, squeeze=False)[0]
+        for ax, panel in zip(axes, drawn, strict=False):
             panel(ax, group)
+        for ax in axes[len(drawn) :]:  # a row with fewer panels than the widest: blank, no axes
+            ax.set_axis_off()
+        if not drawn:
+            axes[0].text(0, 0.5, "no figure measured by these runs", va="center")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
 
 
 def _row_title(group: Group) -> str:
     k = group.key
-    return f"group {group.number}: batch {k['global_batch']}, {k['device_name']}"
+    where = f"{k['gpus']} GPU(s)" if k["gpus"] else "no GPU"
+    return f"group {group.number}: batch {k['global_batch']}, {k['device_name']}, {where}"

@@ -176,10 +176,45 @@ def _ids(ids: list[str]) -> str:
     return f"{len(ids)} runs, {ids[0]} … {ids[-1]} (all ids: --format json)"
 
 
+def label(group: Group, mode: str) -> str:
+    """A column's heading: its strategy's label, or what the strategy ran as without a GPU."""
+    column = COLUMNS[mode]
+    return column.cpu_label if column.cpu_label and not group.key["gpus"] else column.label
+
+
+def headings(group: Group) -> dict[str, str]:
+    """Each cell key's heading: the strategies, DDP against DP, each other against DDP."""
+    shown = {mode: label(group, mode) for mode in group.columns}
+    base, reference = shown[BASELINE], shown[REFERENCE]
+    versus_ = {versus(mode): f"{shown[mode]} vs {base}" for mode in group.columns[len(SHOWN) :]}
+    return shown | {COMPARISON: f"{base} vs {reference}"} | versus_
+
+
+def notes(group: Group) -> list[str]:
+    """What a column means in this group where its label alone would mislead (no GPU)."""
+    if group.key["gpus"]:
+        return []
+    return [f"Note: {COLUMNS[m].cpu_note}." for m in group.columns if COLUMNS[m].cpu_note]
+
+
+def measured(group: Group) -> tuple[list[Figure], list[Figure]]:
+    """The figures some run of the group measured, and those none did (GPU figures without a
+    GPU): the markdown table leaves the latter out and says so."""
+    some: list[Figure] = []
+    none: list[Figure] = []
+    for figure in FIGURES:
+        values = [group.medians[mode][figure.column] for mode in group.columns]
+        (some if figure.compare == "none" or any(map(math.isfinite, values)) else none).append(
+            figure
+        )
+    return some, none
+
+
 def _runs_line(group: Group) -> str:
-    parts = [f"{LABELS[mode]}: {_ids(group.run_ids(mode))}" for mode in group.columns]
+    shown = headings(group)
+    parts = [f"{shown[mode]}: {_ids(group.run_ids(mode))}" for mode in group.columns]
     largest = [
-        f"{LABELS[mode]}: {_ids(ids)}"
+        f"{shown[mode]}: {_ids(ids)}"
         for mode in group.columns
         if (ids := group.run_ids(mode, "largest_batch"))
     ]
@@ -197,16 +232,19 @@ def to_markdown(groups: list[Group]) -> str:
 
 def _markdown_group(group: Group) -> str:
     lines = [f"## {heading(group)}", "", _runs_line(group), ""]
-    labels = [LABELS[mode] for mode in group.columns]
-    base, reference = LABELS[BASELINE], LABELS[REFERENCE]
-    versus = [f"{label} vs {base}" for label in labels[len(SHOWN) :]]
+    shown = headings(group)
     lines += [
-        "| " + " | ".join(["metric", *labels, f"{base} vs {reference}", *versus]) + " |",
-        "|---|" + "---:|" * len(labels) + "---|" * (1 + len(versus)),
+        "| " + " | ".join(["metric", *shown.values()]) + " |",
+        "|---|" + "---:|" * len(group.columns) + "---|" * (len(shown) - len(group.columns)),
     ]
-    for figure in FIGURES:
+    some, none = measured(group)
+    for figure in some:
         texts = [text for _, _, text in _cells(group, figure).values()]
         lines.append("| " + " | ".join([figure.label, *texts]) + " |")
+    if none:
+        names = ", ".join(dict.fromkeys(f.name for f in none))
+        lines += ["", f"Not measured by any run here, so left out (null in csv/json): {names}."]
+    lines += ["", *notes(group)] if notes(group) else []
     return "\n".join(lines)
 
 
@@ -215,10 +253,10 @@ def _cells(group: Group, figure: Figure) -> dict[str, tuple[float, str, str]]:
     other strategy against DDP."""
     values = {mode: group.medians[mode][figure.column] for mode in group.columns}
     cells = {mode: (value, figure.unit, _number(figure, value)) for mode, value in values.items()}
-    names = (LABELS[REFERENCE], LABELS[BASELINE])
+    names = (label(group, REFERENCE), label(group, BASELINE))
     cells[COMPARISON] = comparison(figure, values[REFERENCE], values[BASELINE], names)
     for mode in group.columns[len(SHOWN) :]:
-        names = (LABELS[BASELINE], LABELS[mode])
+        names = (label(group, BASELINE), label(group, mode))
         cells[versus(mode)] = comparison(figure, values[BASELINE], values[mode], names)
     return cells
 
@@ -239,9 +277,11 @@ def _group_records(group: Group) -> list[dict[str, Any]]:
     runs = {mode: len(group.run_ids(mode)) for mode in group.columns}
     runs[COMPARISON] = runs[REFERENCE] + runs[BASELINE]
     runs |= {versus(mode): runs[BASELINE] + runs[mode] for mode in group.columns[len(SHOWN) :]}
+    shown = headings(group)
     return [
         {"group": group.number, "metric": figure.column, "label": figure.label, "mode": mode}
-        | {"value": value, "unit": unit, "text": text, "runs": runs[mode], **group.key}
+        | {"column": shown[mode], "value": value, "unit": unit, "text": text}
+        | {"runs": runs[mode], **group.key}
         for figure in FIGURES
         for mode, (value, unit, text) in _cells(group, figure).items()
     ]
@@ -263,6 +303,7 @@ def to_json(groups: list[Group]) -> str:
         {"group": g.number, **{k: _plain(v) for k, v in g.key.items()}}
         | {"run_ids": {mode: g.run_ids(mode) for mode in g.columns}}
         | {"largest_batch_run_ids": {mode: g.run_ids(mode, "largest_batch") for mode in g.columns}}
+        | {"notes": notes(g)}
         for g in groups
     ]
     return (

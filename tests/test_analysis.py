@@ -54,8 +54,14 @@ def _summarize(*args: str | Path, cwd: Path | None = None) -> tuple[int, str, st
     return done.returncode, done.stdout, done.stderr
 
 
+CPU_DP = "DP (one process, no DataParallel)"  # DP's heading in a group that ran on no GPU
+GPU_ROWS = ("GPU util main card", "GPU util other cards", "peak memory main card")
+LEFT_OUT = "Not measured by any run here, so left out (null in csv/json): {}."
+
+
 def _tables(markdown: str) -> dict[str, dict[str, list[str]]]:
-    """Each group's heading → its table as {row name: [DP, DDP, DDP vs DP]}."""
+    """Each group's heading → its table as {row name: [DP, DDP, DDP vs DP]} (CPU runs: DP is
+    one process, and the comparison says so)."""
     tables: dict[str, dict[str, list[str]]] = {}
     for block in markdown.split("## ")[1:]:
         heading, *lines = block.splitlines()
@@ -64,7 +70,7 @@ def _tables(markdown: str) -> dict[str, dict[str, list[str]]]:
             for line in lines
             if line.startswith("|")
         ]
-        assert rows[0] == ["metric", "DP", "DDP", "DDP vs DP"]
+        assert rows[0] == ["metric", CPU_DP, "DDP", f"DDP vs {CPU_DP}"]
         tables[heading] = {row[0]: row[1:] for row in rows[2:]}
     return tables
 
@@ -80,7 +86,12 @@ def test_markdown_table_puts_dp_and_ddp_side_by_side(runs: dict[str, Path]) -> N
     code, out, err = _summarize("--root", runs["dp"].parent)
     assert code == 0, err
     table = next(t for heading, t in _tables(out).items() if "global batch 512" in heading)
-    assert list(table) == list(LABELS.values())
+    # The GPU figures, which a CPU run cannot measure, are left out, and the table says so.
+    measured = [f.label for f in FIGURES if f.card is None and f.column != "largest_batch"]
+    assert list(table) == measured
+    gpu_rows = "GPU util main card, GPU util other cards, peak memory main card, peak memory "
+    assert LEFT_OUT.format(gpu_rows + "other cards, largest batch") in out.splitlines()
+    assert "Note: without GPUs nn.DataParallel runs the bare model in one process" in out
     assert table["runs"] == ["1", "1", ""]
     dp, ddp, speed = table[LABELS["epoch_s"]]
     assert float(dp) == round(_steady_epoch_seconds(runs["dp"], 1), 2)
@@ -88,13 +99,6 @@ def test_markdown_table_puts_dp_and_ddp_side_by_side(runs: dict[str, Path]) -> N
     assert re.fullmatch(r"\d+\.\d\d× (faster|slower)", speed)
     assert re.fullmatch(r"[+-]\d+%", table[LABELS["throughput"]][2])
     assert re.fullmatch(r"[+-]\d+\.\d pp", table[LABELS["final_test_accuracy"]][2])
-    for row in (
-        "util_pct_main",
-        "max_allocated_mb_other",
-        "nvml_used_mb_peak_main",
-        "largest_batch",
-    ):
-        assert table[LABELS[row]] == ["n/m", "n/m", "n/m"]  # a CPU run measures no GPU figure
 
 
 def test_runs_of_other_settings_get_their_own_table(runs: dict[str, Path]) -> None:
@@ -103,7 +107,7 @@ def test_runs_of_other_settings_get_their_own_table(runs: dict[str, Path]) -> No
     assert len(tables) == 2
     heading = next(h for h in tables if "global batch 256" in h)
     assert "CPU" in heading and "torch" in heading
-    assert f"DP: {runs['dp-256'].name}; DDP: none" in out
+    assert f"{CPU_DP}: {runs['dp-256'].name}; DDP: none" in out
     assert tables[heading]["runs"] == ["1", "0", ""]
     assert tables[heading][LABELS["epoch_s"]][1:] == ["n/m", "n/m"]
 
@@ -147,7 +151,8 @@ def test_the_largest_batch_row_tells_none_fits_from_not_measured(
     dp, ddp = (_copy(largest[m], tmp_path) for m in ("dp", "ddp"))
     _, out, _ = _summarize(runs["dp"], runs["ddp"], dp, ddp)
     (table,) = _tables(out).values()
-    assert table[LABELS["largest_batch"]] == ["n/m"] * 3
+    assert LABELS["largest_batch"] not in table  # measured by none: left out, and said
+    assert "left out (null in csv/json): " in out and "largest batch." in out
     _searched(dp, None, [(512, False)])
     _searched(ddp, 4096, [(512, True), (1024, True), (2048, True), (4096, True), (8192, False)])
     code, out, err = _summarize(runs["dp"], runs["ddp"], dp, ddp)
@@ -200,9 +205,12 @@ def test_csv_and_json_carry_every_figure_as_numbers(runs: dict[str, Path]) -> No
         assert epoch.loc["ddp_vs_dp", "value"] == pytest.approx(
             epoch.loc["dp", "value"] / epoch.loc["ddp", "value"]
         )
+        assert epoch.loc["ddp_vs_dp", "column"] == f"DDP vs {CPU_DP}"  # what it compares
         util = frame.loc[frame["metric"] == "util_pct_main", "value"]
         assert len(util) == 3 and util.isna().all()  # n/m, not 0
     assert "NaN" not in json_out
+    (group,) = json.loads(json_out)["groups"]
+    assert [note.split(":")[0] for note in group["notes"]] == ["Note"]
 
 
 @pytest.mark.parametrize(("rank", "kept"), [(1, True), (0, False)])
@@ -303,6 +311,20 @@ def test_plot_writes_a_png(runs: dict[str, Path], tmp_path: Path) -> None:
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.stat().st_size > 20_000
 
 
+def test_the_plot_has_a_panel_per_figure_measured(runs: dict[str, Path]) -> None:
+    """CPU runs: epoch times and throughput, no empty GPU panels; a GPU figure measured by one run
+    (peak memory, as a GPU run reads) brings its panel back."""
+    from analysis import plot
+    from analysis.load import load_runs
+    from analysis.table import group_runs
+
+    frame, _ = load_runs([runs["dp"], runs["ddp"]])
+    (group,), _ = group_runs(frame)
+    assert [p.__name__ for p in plot.panels(group)] == ["_epoch_times", "_throughput"]
+    group.medians["ddp"]["max_allocated_mb_main"] = 512.0
+    assert len(plot.panels(group)) == 3
+
+
 @pytest.mark.parametrize("split", [(1,), (1, 2)], ids=["first-epoch", "every-epoch"])
 def test_plot_leaves_out_epochs_without_one_time(
     runs: dict[str, Path], tmp_path: Path, split: tuple[int, ...]
@@ -322,7 +344,9 @@ def test_plot_leaves_out_epochs_without_one_time(
     code, out, err = _summarize(resumed, "--plot", image)
     assert code == 0 and "Traceback" not in err, err
     (table,) = _tables(out).values()
-    assert table[LABELS["first_epoch_s"]][0] == "n/m"
+    assert LABELS["first_epoch_s"] not in table  # measured by no run: left out, and said so
+    left_out = next(line for line in out.splitlines() if line.startswith("Not measured"))
+    assert "first epoch" in left_out and ("seconds per epoch" in left_out) == (split == (1, 2))
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -151,8 +151,9 @@ def test_the_table_shows_each_strategy_beside_dp_and_ddp(
     assert done.returncode == 0, done.stderr
     header = next(line for line in done.stdout.splitlines() if line.startswith("| metric"))
     assert header == (
-        "| metric | DP | DDP | DDP + fp16 hook | DDP + bf16 hook | DDP + PowerSGD | ZeRO | FSDP "
-        "| DDP vs DP | DDP + fp16 hook vs DDP | DDP + bf16 hook vs DDP | DDP + PowerSGD vs DDP "
+        "| metric | DP (one process, no DataParallel) | DDP | DDP + fp16 hook | DDP + bf16 hook "
+        "| DDP + PowerSGD | ZeRO | FSDP | DDP vs DP (one process, no DataParallel) "
+        "| DDP + fp16 hook vs DDP | DDP + bf16 hook vs DDP | DDP + PowerSGD vs DDP "
         "| ZeRO vs DDP | FSDP vs DDP |"
     )
     assert done.stdout.count("## Group") == 1  # one table: only the strategy differs

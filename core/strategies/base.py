@@ -40,6 +40,10 @@ class Column:
     label: str
     colour: str
     always_shown: bool  # shown even where a group ran none of it
+    # Its heading and a note under the table where the runs had no GPU, if it then runs as
+    # something other than what its label says ("" where it does not).
+    cpu_label: str = ""
+    cpu_note: str = ""
 
 
 class Strategy:
@@ -54,6 +58,9 @@ class Strategy:
     # Process shape: one process per GPU, or one per node driving all the node's GPUs.
     per_gpu: ClassVar[bool] = True
     always_shown: ClassVar[bool] = False  # a column even where no run of it is in a group
+    # Where it runs without GPUs as something its label does not say: its heading then, and why.
+    cpu_label: ClassVar[str] = ""
+    cpu_note: ClassVar[str] = ""
     takes_comm_hook: ClassVar[bool] = False  # whether dist.comm_hook applies
     # Whether every rank must score the same number of batches of the same sizes (a forward is a
     # collective that every rank joins): its share of the test split is then padded.
@@ -82,7 +89,10 @@ class Strategy:
     def columns(self) -> list[Column]:
         """This strategy's columns in the table: its own, then one per communication hook."""
         hooks = HOOK_LABELS if self.takes_comm_hook else {}
-        return [Column(self.name, self.label, self.colour, self.always_shown)] + [
+        own = Column(
+            self.name, self.label, self.colour, self.always_shown, self.cpu_label, self.cpu_note
+        )
+        return [own] + [
             Column(self.column_key(hook), f"{self.label} + {text}",
                    self.hook_colours.get(hook, OTHER_COLOUR), False)
             for hook, text in hooks.items()

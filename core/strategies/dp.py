@@ -19,6 +19,11 @@ class DataParallel(Strategy):
     summary = "nn.DataParallel: one process scatters each batch over its node's GPUs"
     per_gpu = False
     always_shown = True  # the article's comparison: DDP against DP
+    cpu_label = "DP (one process, no DataParallel)"
+    cpu_note = (
+        "without GPUs nn.DataParallel runs the bare model in one process: this group's DP column "
+        "(and the comparison with it) is one process against DDP's CPU ranks, not DataParallel"
+    )
 
     def check(self, cfg: Config) -> None:
         super().check(cfg)
