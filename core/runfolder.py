@@ -43,7 +43,7 @@ STATE = "checkpoints/state.pt"  # the whole training state a job resumes from
 # folder per save, each rank writing its own shards; state.pt names the one it belongs to.
 SHARDS = "checkpoints/shards"
 CLAIM = ".submitting"  # locked while a launcher checks the folder is free and submits into it
-KINDS = ("start", "epoch", "notice", "stop", "error", "summary")
+KINDS = ("start", "epoch", "progress", "notice", "stop", "error", "summary")
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9@+=:,./_-]+")  # needs no shell quoting; no Slurm % pattern
 
 
@@ -578,11 +578,13 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
             ("eval_seconds", "step_ms_p50", "step_ms_p90", "step_ms_p99"), _MAYBE_NUMBER
         ),
     },
+    "progress": {**dict.fromkeys(("epoch", "batch", "batches"), _INT), "seconds": _NUMBER},
     "summary": {
         **dict.fromkeys(("train_seconds", "total_seconds", "tolerance"), _MAYBE_NUMBER),
         **dict.fromkeys(("final_test_loss", "final_test_accuracy"), _MAYBE_NUMBER),
         **dict.fromkeys(
-            ("epochs", "largest_global_batch", "ceiling", "diverged_epoch"), _MAYBE_INT
+            ("epochs", "largest_global_batch", "ceiling", "diverged_epoch", "attempts", "untimed"),
+            _MAYBE_INT,
         ),
         **dict.fromkeys(("checkpoint", "parameters_sha256"), _MAYBE_TEXT),
         **dict.fromkeys(("gpus", "trials"), (list,)),

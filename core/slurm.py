@@ -174,6 +174,13 @@ def unanswering(nodes: list[str]) -> dict[str, str]:
     }
 
 
+def srun_takes(option: str) -> bool:
+    """Whether this cluster's srun knows an option (a SPANK plugin such as pyxis adds its own to
+    srun's help); where srun cannot say, True, and srun itself refuses the job."""
+    done = _run("srun", "--help")
+    return done is None or done.returncode != 0 or option in done.stdout
+
+
 def cancel(job_id: str) -> str:
     """`scancel` the job; '' on success, else what went wrong."""
     return _problem(_run("scancel", job_id, timeout=ACTION_TIMEOUT_S), "scancel")

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from core import runfolder, strategies
+from core import container, runfolder, strategies
 from core.cli import EXIT_INTERRUPTED, ArgumentParser, add_common_flags, run_cli
 from core.errors import KitError
 from core.settings.loading import load_config, to_yaml
@@ -299,9 +299,11 @@ def _prepare(args: argparse.Namespace) -> int:
     if run_dir is None:
         run_dir = runfolder.create(cfg, launcher=args.launcher, backend="slurm", command=sys.argv)
         runfolder.update_meta(run_dir, job_id=job_id)
-    print(
-        runfolder.shell_assignments(run_dir) if args.shell else run_dir, end="\n" * (not args.shell)
-    )
+    if args.shell:  # the paths, then the task's command (inside the container, if one is set)
+        words = container.shell_assignments(cfg, sys.executable)
+        print(runfolder.shell_assignments(run_dir) + words, end="")
+    else:
+        print(run_dir)
     return 0
 
 

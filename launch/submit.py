@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import importlib
+import importlib.util
 import io
 import json
 import logging
@@ -23,7 +25,7 @@ from typing import Any
 
 import submitit
 
-from core import datafiles, factories, runfolder, slurm, strategies
+from core import container, datafiles, factories, runfolder, slurm, strategies
 from core.errors import KitError
 from core.settings.loading import to_dict
 from core.settings.rules import (
@@ -33,7 +35,15 @@ from core.settings.rules import (
     tasks_per_node,
     world_size,
 )
-from core.settings.schema import DATASETS, MODELS, Backend, Config, ConfigError, GpuBinding
+from core.settings.schema import (
+    DATASETS,
+    MODELS,
+    Backend,
+    Config,
+    ConfigError,
+    ContainerRuntime,
+    GpuBinding,
+)
 from launch.jobs import diverged_words, process_identity
 
 log = logging.getLogger("kit")
@@ -41,10 +51,14 @@ log = logging.getLogger("kit")
 # What a job runs, named rather than imported: the launcher never loads the job's code (nor
 # torch); the job's own interpreter does, as `python -m train run` does under sbatch.
 JOB_MODULE = "train.job"
-# What submitit starts in each task, ahead of its own runner: the kit's start, which holds the
-# stop signals before anything loads (a warning during start-up must not end the job), started
-# by the shell that ignores them until then.
-TASK_PYTHON = shlex.join([*slurm.TASK_START, sys.executable, "-u", "-m", "train.start"])
+
+
+def task_python(cfg: Config) -> str:
+    """What submitit starts in each task, ahead of its own runner: the kit's start, which holds
+    the stop signals before anything loads (a warning during start-up must not end the job),
+    started by the shell that ignores them until then; inside the container, if one is set."""
+    python = [*container.wrapper(cfg), container.python(cfg, sys.executable)]
+    return shlex.join([*slurm.TASK_START, *python, "-u", "-m", "train.start"])
 
 
 class Training(submitit.helpers.Checkpointable):
@@ -90,11 +104,42 @@ def check_submission(cfg: Config, dry_run: bool = False) -> Backend:
             f"the local backend runs on one machine; cluster.nodes={cfg.cluster.nodes} needs Slurm"
         )
     runfolder.check_root(cfg.output.root)
+    _check_container(cfg, backend, dry_run)
     _check_data(cfg)
     _check_factories(cfg)
     if backend == Backend.local:
         check_hardware(cfg, _local_gpus(), tasks_per_node(cfg))
     return backend
+
+
+def _check_container(cfg: Config, backend: Backend, dry_run: bool) -> None:
+    """What the launcher can see of the container: the runtime here, the image if it is a file."""
+    c = cfg.cluster.container
+    if not c.image:
+        return
+    if c.runtime == ContainerRuntime.pyxis:
+        if backend == Backend.local:
+            raise ConfigError(
+                "cluster.container.runtime=pyxis runs through srun: it needs the Slurm backend; "
+                "locally use cluster.container.runtime=apptainer, or no container"
+            )
+        if not dry_run and not slurm.srun_takes("--container-image"):
+            raise ConfigError(
+                "cluster.container.runtime=pyxis, but this cluster's srun has no "
+                "--container-image (the pyxis plugin is not installed): use "
+                "cluster.container.runtime=apptainer, or ask the cluster's admins for pyxis"
+            )
+        return
+    if "://" not in c.image and not Path(c.image).expanduser().exists():
+        raise ConfigError(
+            f"cluster.container.image={c.image} does not exist: give a .sif file (or a sandbox "
+            "folder) on a file system the nodes share, or a docker:// or oras:// address"
+        )
+    if backend == Backend.local and not shutil.which("apptainer") and not dry_run:
+        raise ConfigError(
+            "cluster.container.runtime=apptainer, but `apptainer` is not on PATH: load it "
+            "(e.g. `module load apptainer`), or drop cluster.container.image"
+        )
 
 
 def _check_data(cfg: Config) -> None:
@@ -130,16 +175,58 @@ def _try_workload(cfg: Config) -> None:
     not after the queue wait."""
     values = to_dict(cfg)
     # What the trial depends on: a sweep's points that differ only in other settings are tried once.
-    workload = json.dumps(
-        [values["model"], values["data"], cfg.train.channels_last], sort_keys=True
-    )
+    parts = [values["model"], values["data"], cfg.train.channels_last]
+    workload = json.dumps(parts, sort_keys=True)
     if workload not in _TRIED:
-        _TRIED[workload] = _trial_problem(cfg, values)
+        passed = _passed_mark(cfg, parts)
+        if passed is not None and passed.exists():
+            log.debug("workload tried before, its factories unchanged: %s", passed)
+            _TRIED[workload] = ""
+        else:
+            _TRIED[workload] = _trial_problem(cfg, values)
+            if not _TRIED[workload] and passed is not None:
+                _remember(passed)
     if _TRIED[workload]:
         raise ConfigError(_TRIED[workload])
 
 
 _TRIED: dict[str, str] = {}  # the workloads tried in this process, and what each trial said
+
+
+def _passed_mark(cfg: Config, workload: list[Any]) -> Path | None:
+    """Where a trial that passed is remembered across launches (a file in the user's cache),
+    keyed by the workload's settings (not data.root: the trial reads no files) and the files of
+    the trial's code and of each factory's module as they are now. A change to one of those
+    files tries it again; a change in a module a factory imports is only caught by the job,
+    which checks the same. None where a factory's file cannot be told."""
+    trial = importlib.util.find_spec(WORKLOAD_MODULE)  # the trial's own code, found, not loaded
+    files = [_stamp(trial.origin)] if trial and trial.origin else []
+    for spec in (cfg.model.name, cfg.data.dataset):
+        if ":" in spec:
+            module = sys.modules.get(spec.partition(":")[0])  # imported by _check_factories
+            source = getattr(module, "__file__", None)
+            if not source:
+                return None
+            files.append(_stamp(source))
+    model, data, channels_last = workload
+    data = {k: v for k, v in data.items() if k != "root"}
+    key = json.dumps([model, data, channels_last, files], sort_keys=True)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "slurm-ddp-kit" / "tried" / hashlib.sha256(key.encode()).hexdigest()
+
+
+def _stamp(path: str) -> list[Any]:
+    stat = os.stat(path)
+    return [path, stat.st_mtime_ns, stat.st_size]
+
+
+def _remember(mark: Path) -> None:
+    """Best effort: a cache that cannot be written only means the next launch tries again."""
+    try:
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.touch()
+    except OSError as err:
+        log.debug("cannot remember the trial in %s: %s", mark, err)
 
 
 def _trial_problem(cfg: Config, values: dict[str, Any]) -> str:
@@ -228,13 +315,14 @@ def slurm_parameters(cfg: Config, run_name: str) -> dict[str, Any]:
         "cpus_per_task": cpus_per_task(cfg),
         "time": c.timeout_min,
         "signal_delay_s": signal_delay_s(cfg),
-        "setup": list(c.setup),
+        "setup": [*container.setup_lines(cfg), *c.setup],
         # One rank failing ends the job, not a hang. A typed --gpus-per-task reaches the step
         # untyped: under Slurm 22.05 a step that inherits `a100:1` is bound to no GPU at all
         # (measured on the test cluster); the allocation already holds the type.
         "srun_args": [
             "--kill-on-bad-exit=1",
             *(["--gpus-per-task=1"] if "gpus_per_task" in gpus and typed else []),
+            *container.srun_options(cfg),
         ],
         # Requeueable: on the warning signal the job saves and asks Slurm to requeue it.
         "additional_parameters": {"requeue": True, **c.sbatch_extra},
@@ -249,19 +337,19 @@ def make_executor(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Exec
     logs = runfolder.logs_dir(run_dir)
     if backend == Backend.slurm:
         slurm = submitit.SlurmExecutor(
-            folder=logs, max_num_timeout=cfg.cluster.max_requeues, python=TASK_PYTHON
+            folder=logs, max_num_timeout=cfg.cluster.max_requeues, python=task_python(cfg)
         )
         parameters = slurm_parameters(cfg, run_dir.name)
         log.debug("sbatch parameters: %s", parameters)
         slurm.update_parameters(**parameters)
         return slurm
-    local = submitit.LocalExecutor(folder=logs, python=TASK_PYTHON)
+    local = submitit.LocalExecutor(folder=logs, python=task_python(cfg))
     local.update_parameters(
         timeout_min=cfg.cluster.timeout_min,
         tasks_per_node=world_size(cfg),
         gpus_per_node=cfg.cluster.gpus_per_node if _local_gpus() else 0,
         signal_delay_s=signal_delay_s(cfg),
-        setup=list(cfg.cluster.setup),
+        setup=[*container.setup_lines(cfg), *cfg.cluster.setup],
     )
     return local
 
@@ -630,8 +718,17 @@ def result_words(result: dict[str, Any]) -> str:
         return f"largest global batch that fits: {largest} (within 5 %)"
     return (
         f"test accuracy {result['final_test_accuracy']:.2%}, test loss {result['final_test_loss']:.4f}, "
-        f"{result['train_seconds']:.1f} s training"
+        f"{result['train_seconds']:.1f} s training{_over_attempts(result)}"
     )
+
+
+def _over_attempts(result: dict[str, Any]) -> str:
+    """A resumed run's training time is its epochs' over every attempt: said so."""
+    attempts, untimed = result.get("attempts") or 1, result.get("untimed") or 0
+    if attempts < 2:
+        return ""
+    split = f"; {untimed} epoch(s) split across attempts not timed" if untimed else ""
+    return f" (its epochs over {attempts} attempts, each epoch once{split})"
 
 
 def _started_words(start: dict[str, Any]) -> str:
@@ -655,6 +752,7 @@ class _Shown:
 
     last: int = 0
     attempt: float | None = None
+    progress: float = 0.0  # the time of the last progress record said
 
 
 def _show_epochs(run_dir: Path, shown: _Shown, say: Callable[[str], None]) -> None:
@@ -683,6 +781,25 @@ def _show_epochs(run_dir: Path, shown: _Shown, say: Callable[[str], None]) -> No
             f"test loss {r['test_loss']:.4f}, accuracy {r['test_accuracy']:.2%}"
         )
     shown.last = max(shown.last, len(epochs))
+    _show_progress(records, epochs, shown, say, start["epochs"] if start else "?")
+
+
+def _show_progress(
+    records: list[dict[str, Any]],
+    epochs: list[dict[str, Any]],
+    shown: _Shown,
+    say: Callable[[str], None],
+    total: object,
+) -> None:
+    """Where the running epoch is (output.progress_s), said once per record, indented: only the
+    latest, and none once its epoch has ended."""
+    done = epochs[-1]["time"] if epochs else 0.0
+    latest = next(iter(runfolder.of_kind(records, "progress")[-1:]), None)
+    if latest is None or latest["time"] <= max(done, shown.progress):
+        return
+    shown.progress = latest["time"]
+    b, n, e = latest["batch"], latest["batches"], latest["epoch"]
+    say(f"  batch {b}/{n} of epoch {e}/{total} ({b / n:.0%}), {latest['seconds']:.0f} s in")
 
 
 def dry_run(cfg: Config) -> str:
@@ -803,8 +920,9 @@ def _array_executor(
     """The one array's executor: the DDP shape, its elements started as every job's tasks are."""
     # Each element checks its own cluster.max_requeues first; submitit's count must not end it sooner.
     most = max(c.cluster.max_requeues for c in cfgs)
-    executor = submitit.SlurmExecutor(folder=logs, max_num_timeout=most, python=TASK_PYTHON)
-    executor.update_parameters(**slurm_parameters(_array_shape(cfgs), f"sweep-{first.name}"))
+    shape = _array_shape(cfgs)
+    executor = submitit.SlurmExecutor(folder=logs, max_num_timeout=most, python=task_python(shape))
+    executor.update_parameters(**slurm_parameters(shape, f"sweep-{first.name}"))
     if parallel:
         executor.update_parameters(array_parallelism=parallel)
     return executor
@@ -838,6 +956,8 @@ def _array_shape(cfgs: list[Config]) -> Config:
         raise ConfigError(
             f"a sweep's elements must share nodes, GPUs per node and binding; got {sorted(shapes)}"
         )
+    if len({repr(c.cluster.container) for c in cfgs}) > 1:
+        raise ConfigError("a sweep's elements run in one container: sweep no cluster.container key")
     ddp = next((c for c in cfgs if strategies.of(c).per_gpu), cfgs[0])
     one_per_node = any(not strategies.of(c).per_gpu for c in cfgs)
     if one_per_node and ddp.cluster.gpu_binding == GpuBinding.task:

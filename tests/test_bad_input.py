@@ -53,6 +53,7 @@ CASES = [
     Case("port=80", ("dist.port=80",), ("dist.port=80", "pick one in 1024–65535, or 0")),
     Case("timeout_s=0", ("dist.timeout_s=0",), ("dist.timeout_s=0 must be between 1 and",)),
     Case("mem_gb=-4", ("cluster.mem_gb=-4",), ("cluster.mem_gb=-4 must be between 0 and",)),
+    Case("progress_s=-1", ("output.progress_s=-1",), ("output.progress_s=-1 must be between 0",)),
     Case(
         "signal_delay=-1",
         ("cluster.signal_delay_s=-1",),
@@ -134,6 +135,49 @@ CASES = [
         "gpu_type with a space",
         ("cluster.gpu_type='a 100'",),
         ("cluster.gpu_type='a 100' is not a GPU type name", "e.g. cluster.gpu_type=a100"),
+    ),
+    Case(
+        "container image an option",
+        ("cluster.container.image=--nv",),
+        ("cluster.container.image='--nv' is not an image", "docker://"),
+    ),
+    Case(
+        "container mount relative",
+        ("cluster.container.mounts=[scratch]",),
+        ("cluster.container.mounts holds 'scratch'", "absolute host path"),
+    ),
+    Case(
+        "container mount with a comma",
+        ("cluster.container.mounts=['/a,/b']",),
+        ("cluster.container.mounts holds '/a,/b'", "without commas"),
+    ),
+    Case(
+        "container option not an option",
+        ("cluster.container.options=[cleanenv]",),
+        ("cluster.container.options holds 'cleanenv'", "--cleanenv"),
+    ),
+    Case(
+        "container python empty",
+        ("cluster.container.image=docker://pytorch/pytorch", "cluster.container.python=''"),
+        ("cluster.container.python is empty", "python3"),
+    ),
+    Case(
+        "container image missing",
+        ("cluster.container.image={tmp}/no.sif",),
+        ("no.sif does not exist", "a docker:// or oras:// address"),
+        commands=SUBMIT_ONLY,
+    ),
+    Case(
+        "pyxis on the local backend",
+        ("cluster.container.image=docker://pytorch/pytorch", "cluster.container.runtime=pyxis"),
+        ("runtime=pyxis runs through srun: it needs the Slurm backend", "runtime=apptainer"),
+        commands=SUBMIT_ONLY,
+    ),
+    Case(
+        "apptainer not here",
+        ("cluster.container.image=docker://pytorch/pytorch",),
+        ("`apptainer` is not on PATH", "module load apptainer"),
+        commands=(("submit",),),
     ),
     Case(
         "mem-per-cpu beside mem_gb",

@@ -5,6 +5,7 @@ on Slurm, requeued: tests/test_requeue.py."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -63,6 +64,8 @@ def test_local_stop_cancel_and_resumes_end_as_if_never_stopped(
     tmp_path: Path, uninterrupted: str
 ) -> None:
     where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
+    # Rank 0 says where an epoch is every second (the default is 30): --wait shows it.
+    where += ["output.progress_s=1"]
     following = kit_started("launch", "submit", *DDP, PACED, "cluster.backend=local", *where, "--wait")  # fmt: skip
     assert following.stdout is not None
     said = [""]
@@ -111,5 +114,11 @@ def test_local_stop_cancel_and_resumes_end_as_if_never_stopped(
     assert _attempts(run_dir) == 3  # the raw records keep every attempt
     split = [e for e in epochs() if e.get("resumed_at_batch")]
     assert all(e["seconds"] is None for e in split)  # no made-up time for a split epoch
+    # Its training time is said as what it is; and inside each epoch, where it is.
+    over = f"(its epochs over 3 attempts, each epoch once; {len(split)} epoch(s) split across"
+    assert over in resumed.stdout.splitlines()[-1], resumed.stdout
+    inside = [line for line in resumed.stdout.splitlines() if line.startswith("  batch ")]
+    assert inside and all(re.fullmatch(r"  batch [1-5]/6 of epoch \d+/12 \(\d+%\), \d+ s in", line)
+                          for line in inside), resumed.stdout  # fmt: skip
     again = kit("launch", "resume", str(run_dir))
     assert again.returncode == 2 and "nothing to resume" in again.stderr

@@ -291,14 +291,6 @@ def _times(run_dir: Path) -> tuple[float, float]:
     return start, summary
 
 
-def test_local_sweep_runs_one_after_another(tmp_path: Path) -> None:
-    first, second = _sweep(tmp_path, "--grid", "train.epochs=1,2")
-    assert "epochs: 1" in (first / "config.yaml").read_text()  # the grid's order
-    assert "epochs: 2" in (second / "config.yaml").read_text()
-    (_, first_done), (second_start, _) = _times(first), _times(second)
-    assert second_start > first_done
-
-
 def test_local_sweep_parallel_lets_runs_overlap(tmp_path: Path) -> None:
     first, second = _sweep(tmp_path, "--grid", "train.epochs=4,1", "--parallel", "2")
     (first_start, first_done), (second_start, second_done) = _times(first), _times(second)
@@ -322,7 +314,9 @@ def broken_model(shape: tuple[int, ...], classes: int) -> torch.nn.Module:
     return _BrokenInTraining(math.prod(shape), classes)
 
 
-def test_a_local_sweep_with_a_failed_run_says_which_and_exits_1(tmp_path: Path) -> None:
+def test_a_local_sweep_runs_one_after_another_and_says_which_failed(tmp_path: Path) -> None:
+    """In the grid's order, the second run started once the first had ended (so neither spoils
+    the other's timings); the failed one is named, the tally says it, exit 1."""
     tests = Path(__file__).parent
     done = kit(
         "launch", "sweep", "--modes", "ddp", "--grid", "model.name=convnet,test_units:broken_model",
@@ -335,8 +329,11 @@ def test_a_local_sweep_with_a_failed_run_says_which_and_exits_1(tmp_path: Path) 
     assert "  mode=ddp model.name=convnet  run folder: " in submitted[0]
     assert "  mode=ddp model.name=test_units:broken_model  run folder: " in submitted[1]
     lines = done.stdout.splitlines()  # then each completed run's result, and the tally
-    first = Path(submitted[0].split("run folder: ")[1]).name
-    assert any(line.startswith(f"{first}: test accuracy ") for line in lines), done.stdout
+    first, second = (Path(line.split("run folder: ")[1]) for line in submitted)
+    assert "name: convnet" in (first / "config.yaml").read_text()  # the grid's order
+    second_start = next(r["time"] for r in records(second) if r["kind"] == "start")
+    assert second_start > _times(first)[1]  # after the first's summary: one after another
+    assert any(line.startswith(f"{first.name}: test accuracy ") for line in lines), done.stdout
     assert lines[-1] == "1 of the sweep's 2 runs completed"
     failed = done.stderr.splitlines()
     assert "failed first: ValueError: a bug in this model (injected)" in failed[0]

@@ -205,6 +205,35 @@ def test_a_factory_of_the_wrong_signature_is_refused_before_anything_is_made(
     assert "Traceback" not in out and not (tmp_path / "runs").exists()
 
 
+def test_a_workload_that_passed_its_trial_is_not_tried_again_until_its_file_changes(
+    tmp_path: Path,
+) -> None:
+    """The trial (a Python with torch: seconds) is remembered in the user's cache, keyed by the
+    workload's settings and the factory module's file: the same workload submitted again skips
+    it, whatever data.root; an edited module is tried again, and a broken one is never
+    remembered."""
+    module = tmp_path / "lib" / "mymodels.py"
+    module.parent.mkdir()
+    module.write_text(
+        "import torch\n\n\ndef mlp(shape, classes):\n"
+        "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(classes))\n"
+    )
+    env = {"PYTHONPATH": f"{module.parent}:{REPO}", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+    def tried(root: str) -> bool:
+        done = kit("launch", "submit", "--mode", "ddp", "model.name=mymodels:mlp", "--dry-run",
+                   "cluster.backend=local", f"data.root={tmp_path}/{root}", "-v", env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return "workload tried before" not in done.stderr
+
+    assert [tried("a"), tried("b")] == [True, False]
+    module.write_text(module.read_text().replace("LazyLinear(classes)", "LazyLinear(3)"))
+    for _ in range(2):  # the edit is tried, and found wrong: each time
+        done = kit("launch", "submit", "--mode", "ddp", "model.name=mymodels:mlp", "--dry-run",
+                   "cluster.backend=local", env=env)  # fmt: skip
+        assert done.returncode == 2 and "it must give (N, 10)" in done.stderr, done.stderr
+
+
 def test_processes_a_factory_leaves_behind_end_with_the_job(tmp_path: Path) -> None:
     pids = tmp_path / "helpers"
     where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data", "cluster.backend=local"]

@@ -200,6 +200,7 @@ def _train_epoch(
     clock = StepClock(ctx.device)
     _synchronize(ctx)
     start = time.perf_counter()
+    report = _Progress(ctx, progress.epoch, total, start)
     for number, (x, y) in enumerate(loader, start=progress.batches + 1):
         clock.mark()
         x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
@@ -208,6 +209,7 @@ def _train_epoch(
         samples += len(y)
         if last_micro:
             step.update()
+            report.at(number)
             # All ranks ask at the same steps; every few steps keeps the host's share small.
             ask = (number // accum) % STOP_CHECK_EVERY == 0 or number == total
             stop = stopping.due(ctx) if ask else stopping.NONE
@@ -229,6 +231,25 @@ def _train_epoch(
         "resumed_at_batch": progress.batches if resumed else None,
         **clock.percentiles(),
     }, stopping.NONE
+
+
+class _Progress:
+    """Rank 0's record of where a long epoch is, every output.progress_s seconds (a clock read
+    per step, no GPU sync: the batch is the one the host has queued)."""
+
+    def __init__(self, ctx: Context, epoch: int, batches: int, start: float) -> None:
+        every = ctx.cfg.output.progress_s if ctx.env.rank == 0 else 0
+        self.ctx, self.epoch, self.batches, self.start = ctx, epoch, batches, start
+        self.every, self.next = every, start + every
+
+    def at(self, batch: int) -> None:
+        if not self.every or (now := time.perf_counter()) < self.next or batch == self.batches:
+            return
+        self.next = now + self.every
+        seconds = round(now - self.start, 3)
+        self.ctx.metrics.write(
+            "progress", epoch=self.epoch, batch=batch, batches=self.batches, seconds=seconds
+        )
 
 
 def _driven_gpus(ctx: Context) -> list[int]:
@@ -296,6 +317,7 @@ def _summary(
     """The run's end: over every attempt, each epoch once (earlier attempts from the run folder).
     `diverged`: the epoch whose test loss was NaN or infinite, where the run stopped."""
     done = runfolder.of_kind(runfolder.read_rank(ctx.run_dir, ctx.env.rank), "epoch")
+    records, _ = runfolder.read_records(runfolder.metrics_path(ctx.run_dir, ctx.env.rank))
     last = done[-1]
     saved = ctx.cfg.train.checkpoint and runfolder.checkpoint_path(ctx.run_dir).is_file()
     checkpoint = runfolder.CHECKPOINT if ctx.env.is_main and saved else None
@@ -309,8 +331,11 @@ def _summary(
     return ctx.metrics.write(
         "summary",
         epochs=len(done),
-        train_seconds=sum(e["seconds"] or 0.0 for e in done),  # the measured parts
-        total_seconds=time.time() - started,
+        # Over every attempt, each epoch once; an epoch split across attempts has no one time.
+        train_seconds=sum(e["seconds"] or 0.0 for e in done),
+        attempts=runfolder.attempts(records),
+        untimed=sum(1 for e in done if e["seconds"] is None),
+        total_seconds=time.time() - started,  # this attempt's
         final_test_loss=last["test_loss"],
         final_test_accuracy=last["test_accuracy"],
         checkpoint=checkpoint,

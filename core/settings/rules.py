@@ -23,6 +23,7 @@ from core.settings.schema import (
     CompileMode,
     Config,
     ConfigError,
+    ContainerConfig,
     DistBackend,
     Precision,
     Task,
@@ -49,6 +50,7 @@ _RANGES: dict[str, tuple[int, int | None]] = {
     "cluster.signal_delay_s": (0, 65535),  # --signal's largest lead
     "cluster.max_requeues": (0, 10_000),
     "dist.timeout_s": (1, 7 * 24 * 3600),
+    "output.progress_s": (0, 24 * 3600),
 }
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -111,6 +113,7 @@ def validate(cfg: Config) -> None:
             "Slurm takes one of them; drop one"
         )
     _check_setup(c.setup)
+    _check_container(c.container)
     _check_workload(cfg)
     _check_batch_split(cfg)
     _check_speed_options(cfg)
@@ -340,6 +343,31 @@ def _check_setup(lines: list[Any]) -> None:
             raise ConfigError(
                 f"cluster.setup holds {line!r}: it is a list of shell lines, each one string, "
                 "e.g. 'cluster.setup=[\"module load cuda\"]'"
+            )
+
+
+def _check_container(c: ContainerConfig) -> None:
+    """The words the container's runtime is given: each one word, as the runtime reads them."""
+    if c.image.startswith("-") or "," in c.image:
+        raise ConfigError(
+            f"cluster.container.image={c.image!r} is not an image: a .sif path, a sandbox folder, "
+            "or an address such as docker://nvcr.io/nvidia/pytorch:24.05-py3"
+        )
+    if not c.python.strip():
+        raise ConfigError(
+            "cluster.container.python is empty: name the image's Python, e.g. python3"
+        )
+    for mount in c.mounts:
+        if "," in mount or not mount.startswith("/"):
+            raise ConfigError(
+                f"cluster.container.mounts holds {mount!r}: each is one absolute host path, "
+                "PATH or PATH:INSIDE, without commas, e.g. 'cluster.container.mounts=[/scratch]'"
+            )
+    for option in c.options:
+        if not option.startswith("-"):
+            raise ConfigError(
+                f"cluster.container.options holds {option!r}: options only, each one word with "
+                "its value, e.g. 'cluster.container.options=[--cleanenv]' or [--container-writable]"
             )
 
 

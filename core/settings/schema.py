@@ -87,6 +87,11 @@ class GpuBinding(Choice):
     task = "task"  # --gpus-per-task; Slurm shows each task its own GPU
 
 
+class ContainerRuntime(Choice):
+    apptainer = "apptainer"  # `apptainer exec IMAGE` wraps each task's command (Singularity too)
+    pyxis = "pyxis"  # srun --container-image (pyxis/enroot, on clusters that have the plugin)
+
+
 class DistBackend(Choice):
     auto = "auto"  # nccl with CUDA, else gloo
     nccl = "nccl"
@@ -136,6 +141,18 @@ class ModelConfig:
 
 
 @dataclass
+class ContainerConfig:
+    """Each task inside a container (`image` empty: none). The image needs Python with torch,
+    submitit, omegaconf and pandas; the kit's checkout, output.root and data.root are mounted."""
+
+    image: str = ""  # apptainer: a .sif path or docker://…; pyxis: an enroot image or registry#name
+    runtime: ContainerRuntime = ContainerRuntime.apptainer
+    python: str = "python3"  # the interpreter inside the image
+    mounts: list[str] = field(default_factory=list)  # more host paths: PATH or PATH:INSIDE
+    options: list[str] = field(default_factory=list)  # more words for apptainer exec / srun
+
+
+@dataclass
 class ClusterConfig:
     backend: Backend = Backend.auto
     nodes: int = 1
@@ -156,6 +173,7 @@ class ClusterConfig:
     max_requeues: int = 3  # on the warning signal: save and requeue, at most this often
     setup: list[str] = field(default_factory=list)  # shell lines before the job, e.g. module load
     sbatch_extra: dict[str, str] = field(default_factory=dict)  # any other #SBATCH --key=value
+    container: ContainerConfig = field(default_factory=ContainerConfig)
 
 
 @dataclass
@@ -170,6 +188,8 @@ class DistConfig:
 class OutputConfig:
     root: str = "runs"
     name: str = ""  # appended to the run folder's name
+    # Rank 0 records where an epoch is this often while it runs (`--wait` shows it); 0: never.
+    progress_s: int = 30
 
 
 @dataclass

@@ -1,0 +1,128 @@
+"""Each task inside a container (`cluster.container`): the words Apptainer and pyxis are given on
+both launch paths, a job that trains through them, and what the launcher refuses.
+
+This machine has neither Apptainer nor pyxis (no package for either, no root in a container
+runtime). The local job runs through a stand-in `apptainer` that reads the words as `apptainer
+exec` does (options, the image, then the command), logs them, and runs the command on the host:
+what it shows is that the kit's task starts and trains from exactly those words. Pyxis is shown
+refused by the test cluster's real srun, which has no pyxis plugin.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kit import REPO, SMALL, kit, records, run_folder
+from slurm_cluster import SlurmCluster
+
+STAND_IN = r"""#!/bin/bash
+# A stand-in for `apptainer exec`: checks and logs its words, then runs the command on the host.
+echo "$*" >> "$APPTAINER_LOG"
+[[ $1 == exec ]] || { echo "FATAL: only exec" >&2; exit 255; }
+shift
+while [[ $1 == -* ]]; do
+    case $1 in --env=*) export "${1#--env=}" ;; --bind=* | --nv) ;; *) exit 255 ;; esac
+    shift
+done
+[[ -e $1 ]] || { echo "FATAL: could not open image $1" >&2; exit 255; }
+shift
+exec "$@"
+"""
+
+
+@pytest.fixture
+def apptainer(tmp_path: Path) -> dict[str, str]:
+    """An environment with the stand-in first on PATH, logging to tmp_path/apptainer.log."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "apptainer").write_text(STAND_IN)
+    (bin_dir / "apptainer").chmod(0o755)
+    return {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "APPTAINER_LOG": str(tmp_path / "apptainer.log"),
+    }
+
+
+def _container(tmp_path: Path, *more: str) -> list[str]:
+    image = tmp_path / "pytorch.sif"
+    image.touch()
+    where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
+    return [f"cluster.container.image={image}", *where, *more]
+
+
+def test_a_local_job_trains_inside_apptainer(tmp_path: Path, apptainer: dict[str, str]) -> None:
+    """The image's Python (here this one) runs the task; the checkout, output and data roots are
+    bound; PYTHONPATH names the checkout (the stand-in exports what --env gives it)."""
+    settings = _container(tmp_path, f"cluster.container.python={sys.executable}")
+    done = kit(
+        "launch", "submit", "--mode", "ddp", *SMALL, "cluster.backend=local",
+        "cluster.gpus_per_node=1", *settings, "--wait", env=apptainer,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert records(run_folder(done.stdout))[-1]["kind"] == "summary"
+    (words,) = (tmp_path / "apptainer.log").read_text().splitlines()
+    binds = f"{REPO},{tmp_path}/runs,{tmp_path}/data"
+    assert words.startswith(
+        f"exec --nv --env=PYTHONPATH={REPO} --bind={binds} {tmp_path}/pytorch.sif "
+        f"{sys.executable} -u -m train.start"
+    )
+
+
+def test_the_dry_run_shows_the_container_on_the_srun_line(tmp_path: Path) -> None:
+    """Apptainer wraps the task's command; pyxis is srun's options, PYTHONPATH passed in."""
+    for runtime, expected in (
+        ("apptainer", f"kit-task apptainer exec --nv --env=PYTHONPATH={REPO} --bind="),
+        ("pyxis", f"--container-image={tmp_path}/pytorch.sif --container-mounts={REPO}:{REPO},"),
+    ):
+        settings = _container(tmp_path, f"cluster.container.runtime={runtime}")
+        done = kit("launch", "submit", "--mode", "ddp", "cluster.backend=slurm", *settings,
+                   "--dry-run")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        srun = next(line for line in done.stdout.splitlines() if line.startswith("srun "))
+        assert expected in srun and f"export PYTHONPATH={REPO}" in done.stdout
+        assert (" python3 -u -m train.start" in srun) and sys.executable not in srun
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_sbatch_scripts_get_the_same_words_from_prepare(tmp_path: Path) -> None:
+    """`launch prepare --shell` hands the sbatch scripts srun's options and the task's command as
+    bash arrays (the host's Python alone where there is no container)."""
+    show = 'eval "$prepared"; printf "<%s>" "${container_srun[@]}"; echo; printf "<%s>" "${task_python[@]}"'
+    for settings, srun, task in (
+        ([f"output.root={tmp_path}/runs"], "", f"<{sys.executable}>"),
+        (
+            _container(tmp_path, "cluster.container.runtime=pyxis"),
+            f"<--container-image={tmp_path}/pytorch.sif>",
+            "<python3>",
+        ),
+        (_container(tmp_path), "", f"<apptainer><exec><--nv><--env=PYTHONPATH={REPO}>"),
+    ):
+        prepared = kit("launch", "prepare", "--shell", "--mode", "ddp", *settings)
+        assert prepared.returncode == 0, prepared.stderr
+        shown = subprocess.run(
+            ["bash", "-c", show], env={**os.environ, "prepared": prepared.stdout},
+            capture_output=True, text=True, check=True,
+        ).stdout.splitlines()  # fmt: skip
+        assert shown[0].startswith(srun) and shown[1].startswith(task), (shown, prepared.stdout)
+        assert ("export PYTHONPATH" in prepared.stdout) == ("container" in " ".join(settings))
+
+
+@pytest.mark.slurm
+def test_pyxis_on_a_cluster_without_it_is_refused(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """The test cluster's srun has no --container-image: refused before anything is made."""
+    settings = _container(tmp_path, "cluster.container.runtime=pyxis", "cluster.backend=slurm")
+    done = kit("launch", "submit", "--mode", "ddp", *settings, env=slurm_cluster.env)
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        "error: cluster.container.runtime=pyxis, but this cluster's srun has no "
+        "--container-image (the pyxis plugin is not installed): use "
+        "cluster.container.runtime=apptainer, or ask the cluster's admins for pyxis"
+    ]
+    assert not (tmp_path / "runs").exists()
