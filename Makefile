@@ -20,7 +20,7 @@ install: $(STAMP)
 	@echo "installed: $(abspath $(PY)) (torch $$($(PY) -c 'import torch; print(torch.__version__)'))"
 
 test: $(STAMP) slurm-packages lint
-	$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25
+	$(PY) -m pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=25
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

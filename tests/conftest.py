@@ -150,27 +150,29 @@ def _small_runs(tmp: Path) -> dict[str, tuple[str, str]]:
     return made
 
 
-# The files that take longest, started first: with `--dist loadfile` a worker takes the next file
-# in collection order as it frees, so a long file collected last would run on after the rest.
-# Longest first (their seconds in a `make test` of 2026-12-03 in brackets): the short files left
-# at the end even out the workers' finishing times.
+# The order files are handed out in: with `--dist loadfile` a worker takes the next file in
+# collection order as it frees, so a long file collected last would run on after the rest. Four
+# workers on two cores: the two files that mostly wait on Slurm (time limits, a node given up)
+# start beside two that keep the CPU busy, then the rest longest first; the short files left at
+# the end even out the workers' finishing times. (Seconds per file in a `make test` of
+# 2026-12-03 in brackets.)
 LONGEST_FIRST = (
-    "test_netns",  # 376
-    "test_requeue",  # 294
-    "test_slurm_jobs",  # 183
-    "test_failures",  # 168
-    "test_strategies",  # 161
-    "test_workloads_script",  # 156
-    "test_strategies_resume",  # 89
-    "test_resume",  # 87
-    "test_local_jobs",  # 80
-    "test_workloads",  # 64
-    "test_units",  # 56
-    "test_maxbatch",  # 46
-    "test_interrupt",  # 39
-    "test_bad_input",  # 34
-    "test_benchmark_script",  # 31
-    "test_signals",  # 30
+    "test_netns",  # 383, waits
+    "test_requeue",  # 314, waits
+    "test_strategies",  # 99, CPU
+    "test_workloads_script",  # 112 with two ranks a job, CPU
+    "test_slurm_jobs",  # 215
+    "test_failures",  # 164
+    "test_strategies_resume",  # 117
+    "test_workloads",  # 104
+    "test_resume",  # 99
+    "test_units",  # 77
+    "test_local_jobs",  # 55
+    "test_bad_input",  # 52
+    "test_interrupt",  # 46
+    "test_maxbatch",  # 45
+    "test_benchmark_script",  # 36
+    "test_signals",  # 23
 )
 
 
