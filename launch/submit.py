@@ -526,6 +526,7 @@ def follow(
     view = runfolder.read_rank(run_dir, 0) if resumed else []
     earlier = runfolder.of_kind(view, "start")  # the last attempt's start, if any
     shown = _Shown(len(runfolder.of_kind(view, "epoch")), earlier[0]["time"] if earlier else None)
+    shown.first_epoch = _first_epoch_words(runfolder.read_config(run_dir))
     progress = (lambda line: None) if quiet else say
     # A local job starts at once: say what it does until rank 0 has started (a Slurm job's
     # wait in the queue is said by _say_pending, its start by the start line).
@@ -746,6 +747,16 @@ def _started_words(start: dict[str, Any]) -> str:
     )  # fmt: skip
 
 
+def _first_epoch_words(cfg: Config) -> str:
+    """Why a first epoch may be long: the model compiled, or the step captured, in it."""
+    t = cfg.train
+    if t.compile:
+        return "; the first epoch compiles the model (torch.compile: minutes on a cold cache)"
+    if t.cuda_graph:
+        return "; the first epoch captures the step as CUDA graphs"
+    return ""
+
+
 @dataclasses.dataclass
 class _Shown:
     """What `--wait` has said: epochs 1..last, of the attempt that started at `attempt`."""
@@ -753,6 +764,7 @@ class _Shown:
     last: int = 0
     attempt: float | None = None
     progress: float = 0.0  # the time of the last progress record said
+    first_epoch: str = ""  # what the first epoch does besides training, said with the start
 
 
 def _show_epochs(run_dir: Path, shown: _Shown, say: Callable[[str], None]) -> None:
@@ -766,7 +778,7 @@ def _show_epochs(run_dir: Path, shown: _Shown, say: Callable[[str], None]) -> No
         first, batch = start.get("first_epoch", 1), start.get("resumed_at_batch", 0)
         if shown.attempt is not None:
             say(f"resumed at epoch {first}, batch {batch}")
-        say(_started_words(start))
+        say(_started_words(start) + shown.first_epoch)
         shown.attempt, shown.last = start["time"], min(shown.last, first - 1)
     for r in epochs[shown.last :]:
         world = start["world_size"] if start else 1

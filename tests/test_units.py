@@ -423,3 +423,20 @@ def test_ctrl_c_in_any_command_is_one_line_and_exit_130(capsys: pytest.CaptureFi
 
     assert run_cli(interrupted, argparse.Namespace()) == 130
     assert capsys.readouterr().err == "interrupted\n"
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ([], ""),
+        (["train.compile=true"], "; the first epoch compiles the model (torch.compile: minutes"),
+        (["train.cuda_graph=true"], "; the first epoch captures the step as CUDA graphs"),
+    ],
+)
+def test_wait_says_why_a_first_epoch_is_long(settings: list[str], words: str) -> None:
+    """Said after the start line of `--wait`, so a long first epoch is not taken for a hang."""
+    from core.settings.loading import load_config
+    from launch.submit import _first_epoch_words
+
+    said = _first_epoch_words(load_config(overrides=settings))
+    assert said.startswith(words) and bool(said) == bool(words)
