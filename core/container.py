@@ -67,10 +67,11 @@ def setup_lines(cfg: Config) -> list[str]:
     return [f"export PYTHONPATH={shlex.quote(str(REPO))}"] if used(cfg) else []
 
 
-def shell_assignments(cfg: Config, host_python: str) -> str:
+def shell_assignments(cfg: Config) -> str:
     """What `launch prepare --shell` adds for the sbatch scripts: bash arrays of srun's options and
-    of the task's command before `-m train run` (the host's Python where there is no container)."""
+    of the task's command before `-m train run`; empty without a container, where the script
+    runs its own $KIT_PYTHON."""
     srun = shlex.join(srun_options(cfg))
-    task = shlex.join([*wrapper(cfg), python(cfg, host_python)])
+    task = shlex.join([*wrapper(cfg), cfg.cluster.container.python]) if used(cfg) else ""
     lines = [*setup_lines(cfg), f"container_srun=({srun})", f"task_python=({task})"]
     return "".join(line + "\n" for line in lines)

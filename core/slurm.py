@@ -10,6 +10,7 @@ without Slurm.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -79,10 +80,82 @@ def state(job_id: str) -> JobState | None:
     queued = _from_queue(job_id)
     if queued and queued.state != "COMPLETING":
         return queued
-    accounted = _from_accounting(job_id)
+    return _either(queued, _from_accounting(job_id))
+
+
+def _either(queued: JobState | None, accounted: JobState | None) -> JobState | None:
+    if queued and queued.state != "COMPLETING":
+        return queued
     if accounted and (not queued or accounted.state in ENDED):
         return accounted
     return queued
+
+
+CHUNK = 500  # job ids per squeue or sacct call: a command line of a few kB
+
+
+def states(job_ids: list[str]) -> dict[str, JobState]:
+    """Many jobs' states (ids as `J` or an array element's `J_K`) in one squeue and one sacct call
+    per CHUNK ids, chosen as `state` chooses; a job neither knows is left out.
+
+    An array element that never started has no row of its own in accounting: the array's
+    pending record (`J_[3-999%256]`) stands for it, so a cancelled pending array reads CANCELLED."""
+    wanted = list(dict.fromkeys(job_ids))
+    queued: dict[str, JobState] = {}
+    accounted: dict[str, JobState] = {}
+    for chunk in (wanted[i : i + CHUNK] for i in range(0, len(wanted), CHUNK)):
+        queued |= _queue_states(chunk)
+        arrays = {job.partition("_")[0] for job in chunk if "_" in job}
+        accounted |= _accounting_states([*chunk, *sorted(arrays - set(chunk))])
+    found = {job: _either(queued.get(job), accounted.get(job) or _unstarted(job, accounted))
+             for job in wanted}  # fmt: skip
+    return {job: known for job, known in found.items() if known}
+
+
+def _queue_states(job_ids: list[str]) -> dict[str, JobState]:
+    """squeue's rows of these jobs (`-r`: a pending array's elements one per line)."""
+    squeue = _run("squeue", "-h", "-r", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%M|%N")
+    if not squeue or squeue.returncode:
+        return {}
+    rows = (line.split("|") for line in squeue.stdout.splitlines() if line.count("|") == 3)
+    return {job: JobState(word, elapsed, nodes or "-") for job, word, elapsed, nodes in rows}
+
+
+def _accounting_states(job_ids: list[str]) -> dict[str, JobState]:
+    sacct = _run(
+        "sacct", "-j", ",".join(job_ids), "-X", "--parsable2", "-o", ",".join(_SACCT_FIELDS)
+    )
+    rows = parse_sacct(sacct.stdout) if sacct and sacct.returncode == 0 else {}
+    return {job: _accounted(row) for job, row in rows.items()}
+
+
+def _accounted(row: dict[str, str]) -> JobState:
+    nodes = row["NodeList"] if row["NodeList"] not in ("", "None assigned") else "-"
+    return JobState(row["State"].split()[0], row["Elapsed"], nodes)  # "CANCELLED by 0"
+
+
+_ARRAY_RECORD = re.compile(r"(?P<job>\d+)_\[(?P<spec>[\d,-]+)(%\d+)?\]")
+
+
+def _unstarted(job_id: str, accounted: dict[str, JobState]) -> JobState | None:
+    """The state of the array record that holds a never-started element `J_K`, if any."""
+    job, _, index = job_id.partition("_")
+    if not index.isdigit():
+        return None
+    for key, found in accounted.items():
+        record = _ARRAY_RECORD.fullmatch(key)
+        if record and record["job"] == job and _holds(record["spec"], int(index)):
+            return found
+    return None
+
+
+def _holds(spec: str, index: int) -> bool:
+    """Whether Slurm's index list (`0-999`, `3,5-7`) holds index."""
+    for part in spec.split(","):
+        low, _, high = part.partition("-")
+        if int(low) <= index <= int(high or low):
+            return True
+    return False
 
 
 # The states a job ends in (a requeued job is not ended: it runs again).
@@ -111,12 +184,7 @@ def _from_queue(job_id: str) -> JobState | None:
 
 
 def _from_accounting(job_id: str) -> JobState | None:
-    sacct = _run("sacct", "-j", job_id, "-X", "--parsable2", "-o", ",".join(_SACCT_FIELDS))
-    row = parse_sacct(sacct.stdout).get(job_id) if sacct and sacct.returncode == 0 else None
-    if not row:
-        return None
-    nodes = row["NodeList"] if row["NodeList"] not in ("", "None assigned") else "-"
-    return JobState(row["State"].split()[0], row["Elapsed"], nodes)  # "CANCELLED by 0"
+    return _accounting_states([job_id]).get(job_id)
 
 
 def queue_state(job_id: str) -> str:
@@ -216,6 +284,60 @@ def _task_ids(spec: str) -> tuple[int, ...]:
         low, _, high = part.partition("-")
         ids += range(int(low), int(high or low) + 1)
     return tuple(ids)
+
+
+def hostnames(nodelist: str) -> list[str]:
+    """A Slurm hostlist expanded, as `scontrol show hostnames` does: entries apart by commas or
+    spaces, each with any number of bracketed ranges, zero-padded as written
+    ('rack[1-2]-n[01-02]' → rack1-n01, rack1-n02, rack2-n01, rack2-n02). ValueError if it is
+    not one."""
+    return [host for entry in _entries(nodelist) for host in _expand(entry)]
+
+
+def first_host(nodelist: str) -> str:
+    """The list's first host, without expanding the rest (a list may name 100,000 nodes)."""
+    entries = _entries(nodelist)
+    if not entries:
+        raise ValueError(f"an empty node list: {nodelist!r}")
+    return "".join(values[0] for values in _choices(entries[0], first_only=True))
+
+
+def _entries(nodelist: str) -> list[str]:
+    entries, depth, start = [], 0, 0
+    for i, char in enumerate(nodelist):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth not in (0, 1):
+            raise ValueError(f"unbalanced brackets in the node list {nodelist!r}")
+        if depth == 0 and (char == "," or char.isspace()):
+            entries.append(nodelist[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"unbalanced brackets in the node list {nodelist!r}")
+    return [entry for entry in [*entries, nodelist[start:]] if entry]
+
+
+def _expand(entry: str) -> list[str]:
+    return ["".join(parts) for parts in itertools.product(*_choices(entry))]
+
+
+def _choices(entry: str, first_only: bool = False) -> list[list[str]]:
+    """Each piece of an entry: its text, or a bracket's values in order."""
+    pieces = [p for p in re.split(r"(\[[^\]]*\])", entry) if p]
+    return [_range(p[1:-1], first_only) if p.startswith("[") else [p] for p in pieces]
+
+
+def _range(spec: str, first_only: bool) -> list[str]:
+    values: list[str] = []
+    for part in spec.split(","):
+        low, _, high = part.strip().partition("-")
+        if not low.isdigit() or not (high or low).isdigit() or int(high or low) < int(low):
+            raise ValueError(f"not a range of node numbers: [{spec}]")
+        width = len(low)  # node[08-10]: node08, node09, node10
+        last = int(low) if first_only else int(high or low)
+        values += [str(n).zfill(width) for n in range(int(low), last + 1)]
+        if first_only:
+            break
+    return values
 
 
 def parse_sacct(text: str) -> dict[str, dict[str, str]]:

@@ -300,7 +300,7 @@ def _prepare(args: argparse.Namespace) -> int:
         run_dir = runfolder.create(cfg, launcher=args.launcher, backend="slurm", command=sys.argv)
         runfolder.update_meta(run_dir, job_id=job_id)
     if args.shell:  # the paths, then the task's command (inside the container, if one is set)
-        words = container.shell_assignments(cfg, sys.executable)
+        words = container.shell_assignments(cfg)
         print(runfolder.shell_assignments(run_dir) + words, end="")
     else:
         print(run_dir)
@@ -319,7 +319,15 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from launch.jobs import HEADER, failure_line, format_table, notes, status, unreadable
+    from launch.jobs import (
+        HEADER,
+        failure_line,
+        format_table,
+        notes,
+        slurm_states,
+        status,
+        unreadable,
+    )
 
     folders = args.runs or runfolder.find_runs(args.root)
     if not folders:
@@ -327,9 +335,10 @@ def _status(args: argparse.Namespace) -> int:
             f"no runs under {args.root}: submit one with `python -m launch submit`"
         )
     rows, failures = [HEADER], []
+    known = slurm_states(folders)  # every Slurm job at once: seconds for thousands of runs
     for folder in folders:
         try:
-            row = status(folder).row()
+            row = status(folder, known).row()
         except runfolder.RunFolderError as err:  # one bad folder does not hide the others
             if len(folders) == 1:
                 raise  # nothing else to show: an error, not a table of one unreadable row

@@ -39,14 +39,30 @@ class RunStatus:
 HEADER = ["RUN", "MODE", "BACKEND", "JOB", "STATE", "NODES", "ELAPSED", "EPOCH"]
 
 
-def status(run_dir: Path) -> RunStatus:
+def slurm_states(run_dirs: list[Path]) -> dict[str, slurm.JobState]:
+    """The Slurm jobs of these runs, asked all at once (a few calls for thousands of runs);
+    a folder whose run.json cannot be read is left to `status` to report."""
+    ids = []
+    for run_dir in run_dirs:
+        try:
+            meta = runfolder.read_meta(run_dir)
+        except runfolder.RunFolderError:
+            continue
+        if meta.get("backend") == "slurm" and meta.get("job_id"):
+            ids.append(str(meta["job_id"]))
+    return slurm.states(ids) if ids else {}
+
+
+def status(run_dir: Path, known: dict[str, slurm.JobState] | None = None) -> RunStatus:
+    """A run's row; `known`: its Slurm job's state if asked already (`slurm_states`)."""
     meta = runfolder.read_meta(run_dir)
     job_id = str(meta.get("job_id") or "-")
     mode, backend = str(meta.get("mode")), str(meta.get("backend"))
     if meta.get("submit_error"):
         return RunStatus(run_dir.name, mode, backend, job_id, "NOT-SUBMITTED", "-", "-", "-")
     records = runfolder.read_rank(run_dir, 0)  # read once: state fall-back and last epoch
-    found = slurm.state(job_id) if backend == "slurm" and job_id != "-" else None
+    slurm_job = backend == "slurm" and job_id != "-"
+    found = (known.get(job_id) if known is not None else slurm.state(job_id)) if slurm_job else None
     state, elapsed, nodes = (
         (found.state, found.elapsed, found.nodes)
         if found

@@ -1,6 +1,6 @@
 """Shared fixtures.
 
-`make test` runs the files in parallel workers (`pytest -n 3 --dist loadfile`: a file's tests run
+`make test` runs the files in parallel workers (`pytest -n 4 --dist loadfile`: a file's tests run
 in one worker, so its module-scoped runs are made once). Runs that several files compare against
 are made once for all workers (`shared_runs`).
 
@@ -25,6 +25,12 @@ from typing import Any, NoReturn
 import pytest
 from kit import SMALL, kit, run_folder
 from slurm_cluster import SlurmCluster, install
+
+# Every process the tests start inherits this: torch's OpenMP threads sleep when idle instead of
+# spinning. Four workers share two cores; a spinning thread burns the CPU another job's rank
+# needs (a local DP job: 20 CPU-s spinning, 13 passive, on the loaded machine). The arithmetic
+# is the same either way.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def slurm_unavailable(reason: str) -> NoReturn:

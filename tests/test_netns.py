@@ -140,9 +140,23 @@ def _nodes_of_ranks(run_dir: Path, ranks: int) -> list[str]:
     ]
 
 
+# Rank 0 on the allocation's second node: `srun -m arbitrary` places the tasks as SLURM_HOSTFILE
+# lists them. The first node's first task (rank 1) serves the rendezvous at MASTER_ADDR.
+ARBITRARY = """#!/bin/bash
+set -euo pipefail
+eval "$("$KIT_PYTHON" -m launch prepare --shell --mode ddp --nodes 2 cluster.gpus_per_node=1 \
+    cluster.backend=slurm "$@")"
+hosts=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
+printf '%s\n' "${hosts[1]}" "${hosts[0]}" > "$run_dir/hostfile"
+SLURM_HOSTFILE=$run_dir/hostfile srun -m arbitrary -n 2 --kill-on-bad-exit=1 \
+    --output="$rank_log" "$KIT_PYTHON" -m train run "$run_dir"
+"""
+
+
 def test_two_node_ddp_crosses_the_namespaces_on_both_launch_paths(
     on_netns: SlurmCluster, tmp_path: Path
 ) -> None:
+    """Both launch paths, and a batch script that puts rank 0 on the second node."""
     small = [*WORK, "train.epochs=2"]
     submitted = kit(
         "launch", "submit", "--mode", "ddp", "--nodes", "2", "cluster.backend=slurm",
@@ -155,10 +169,23 @@ def test_two_node_ddp_crosses_the_namespaces_on_both_launch_paths(
         "--cpus-per-task=1", f"--output={tmp_path}/slurm-%j.out", str(REPO / "slurm/ddp.sbatch"),
         *small, f"output.root={tmp_path}/sbatch", f"data.root={tmp_path}/data",
     )  # fmt: skip
-    for job_id in (submitted.stdout.split()[2], sbatch.stdout.strip()):
+    (tmp_path / "arbitrary.sh").write_text(ARBITRARY)
+    arbitrary = on_netns.run(
+        "sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1",
+        "--cpus-per-task=1", f"--output={tmp_path}/slurm-%j.out", str(tmp_path / "arbitrary.sh"),
+        *small, f"output.root={tmp_path}/arbitrary", f"data.root={tmp_path}/data",
+    )  # fmt: skip
+    jobs = (submitted.stdout.split()[2], sbatch.stdout.strip(), arbitrary.stdout.strip())
+    for job_id in jobs:
         state, _ = wait_job_releasing_holds(job_id, 300, on_netns.env)
-        assert state == "COMPLETED", (job_id, state)
-    for run_dir in (run_folder(submitted.stdout), *runfolder.find_runs(tmp_path / "sbatch")):
+        assert state == "COMPLETED", (job_id, state, list(tmp_path.glob("slurm-*.out")))
+    (placed,) = runfolder.find_runs(tmp_path / "arbitrary")
+    starts = [runfolder.of_kind(runfolder.read_rank(placed, r), "start")[-1] for r in (0, 1)]
+    second, first = (placed / "hostfile").read_text().split()
+    assert [s["node"] for s in starts] == [second, first]  # rank 0 where the hostfile put it
+    assert {s["master_addr"] for s in starts} == {first}  # served there by rank 1
+    runs = (run_folder(submitted.stdout), *runfolder.find_runs(tmp_path / "sbatch"), placed)
+    for run_dir in runs:
         nodes = _nodes_of_ranks(run_dir, 2)
         assert len(set(nodes)) == 2 and all(n.startswith("node") for n in nodes), nodes
         summaries = [

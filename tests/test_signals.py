@@ -18,7 +18,8 @@ from kit import REPO, SMALL, kit
 from paced import LASTING
 
 from core import runfolder, slurm
-from launch.submit import TASK_PYTHON
+from core.settings.loading import load_config
+from launch.submit import task_python
 
 STOP = (signal.SIGUSR2, signal.SIGTERM)
 
@@ -108,7 +109,7 @@ def test_no_process_of_a_task_dies_of_the_stop_signals(tmp_path: Path) -> None:
     workers still end when the task itself terminates them."""
     (tmp_path / "probe.py").write_text(PROBE)
     env = {**_env(), "PYTHONPATH": f"{tmp_path}{os.pathsep}{_env()['PYTHONPATH']}"}
-    command = [*shlex.split(TASK_PYTHON), "-u", "-m", "probe"]  # as submitit's srun line
+    command = [*shlex.split(task_python(load_config())), "-u", "-m", "probe"]  # as submitit's srun
     code, out, err, sent = _signalled_throughout(command, env, STOP)
     assert code == 0 and sent > 10, (code, sent, err)
     assert "batches [[0, 1], [2, 3]] squares [0, 1, 4, 9] slept 0" in out
@@ -186,4 +187,5 @@ def test_both_sbatch_scripts_start_each_task_through_the_shell_that_ignores_them
     for script in ("ddp.sbatch", "dp.sbatch"):
         text = (REPO / "slurm" / script).read_text()
         srun = " ".join(text[text.index("\nsrun ") :].replace("\\\n", " ").split())
-        assert f'{shlex.join(slurm.TASK_START)} "$python" -m train run "$run_dir"' in srun, script
+        task = '"${task_python[@]}" -m train run "$run_dir"'  # $KIT_PYTHON, or in the container
+        assert f"{shlex.join(slurm.TASK_START)} {task}" in srun, script

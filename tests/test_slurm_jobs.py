@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -380,6 +381,32 @@ def test_sweep_is_one_array_that_analysis_compares(
     assert "global batch 256" in table.stdout and "global batch 512" in table.stdout
 
 
+def test_a_cancelled_pending_sweep_reads_cancelled_from_one_query(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """A sweep that cannot start yet (--begin in an hour), cancelled with a plain scancel of the
+    array: once the queue has forgotten it (MinJobAge), accounting holds one record for the
+    whole array (`J_[0-2]`), no row per element; each run still reads CANCELLED. `status` asks
+    once for all runs: one squeue and one sacct call (`-v` lists every Slurm command)."""
+    done = kit(
+        "launch", "sweep", "--modes", "ddp", "--grid", "train.lr=0.01,0.02,0.03",
+        "cluster.backend=slurm", "cluster.gpus_per_node=1", "cluster.cpus_per_task=1",
+        "cluster.sbatch_extra.begin=now+3600", *SBATCH_SMALL, *_kit_env(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    array = done.stdout.split()[2].split("_")[0]
+    assert slurm_cluster.run("scancel", array).returncode == 0
+    deadline = time.monotonic() + 60
+    while slurm_cluster.run("squeue", "-h", "-j", array).stdout.strip():
+        assert time.monotonic() < deadline, "the cancelled array stayed in the queue"
+        time.sleep(1)
+    status = kit("launch", "status", "--root", f"{tmp_path}/runs", "-v")
+    rows = status.stdout.splitlines()[1:]
+    assert [row.split()[4] for row in rows] == ["CANCELLED"] * 3, status.stdout
+    calls = re.findall(r"slurm: (squeue|sacct) -", status.stderr)
+    assert sorted(calls) == ["sacct", "squeue"], status.stderr
+
+
 def test_dry_run_prints_the_script_and_submits_nothing(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -496,3 +523,22 @@ def test_wait_says_why_a_job_that_cannot_start_waits(
     status = kit("launch", "status", str(run_dir)).stdout.splitlines()[1].split()
     assert status[4:6] == ["PENDING", "-"], status
     assert kit("launch", "cancel", str(run_dir)).returncode == 0
+
+
+HOSTLISTS = [
+    "node[003-004,010],gpu1", "rack[1-2]-node[01-04]", "10.0.[1-2].[5-6]", "n[1-2][3-4]",
+    "nid[00098-00101]", "gpu-a100-[001-003,010]", "c1001a-s[11-12],c1002a-s[01-02]",
+    "node[8-10]", "a b,c", "single",
+]  # fmt: skip
+
+
+def test_the_hostlist_reader_expands_as_slurm_does(slurm_cluster: SlurmCluster) -> None:
+    """Slurm's whole grammar (several brackets per name, zero padding, commas and spaces),
+    checked against `scontrol show hostnames`; the first host is the one MASTER_ADDR names."""
+    from core.slurm import first_host, hostnames
+
+    for nodelist in HOSTLISTS:
+        shown = slurm_cluster.run("scontrol", "show", "hostnames", nodelist)
+        assert shown.returncode == 0, shown.stderr
+        assert hostnames(nodelist) == shown.stdout.split(), nodelist
+        assert first_host(nodelist) == shown.stdout.split()[0]

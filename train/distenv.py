@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from core import slurm
 from core.errors import KitError
 
 # Variable names per environment-variable source; submitit is read through its own JobEnvironment.
@@ -59,6 +60,17 @@ class DistEnv:
 
     @property
     def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def serves_store(self) -> bool:
+        """Whether this process serves the rendezvous store at master_addr. Under Slurm
+        master_addr is the first node of the step, and the store is served by that node's first
+        task, whichever rank it is: with `srun -m arbitrary` (a SLURM_HOSTFILE) rank 0 may run on
+        another node. torchrun's workers, and a process alone, leave it to rank 0 (or torchrun's
+        agent) as env:// does."""
+        if self.source in ("slurm", "submitit"):
+            return self.node_rank == 0 and self.local_rank == 0
         return self.rank == 0
 
     def export(self) -> None:
@@ -110,16 +122,13 @@ def port_for_job(job_id: str) -> int:
 
 def first_host(nodelist: str) -> str:
     """First host of a Slurm hostlist: 'node[003-004,010],gpu1' → 'node003'."""
-    match = re.match(r"([^,\[]*)(?:\[([^\]]*)\])?([^,]*)", nodelist)
-    if not match or not match.group(0):
+    try:
+        return slurm.first_host(nodelist)
+    except ValueError:
         raise DistEnvError(
             f"cannot read the Slurm node list {nodelist!r}: start the ranks with srun inside "
             "the job's allocation, so that Slurm sets its node list"
-        )
-    prefix, ranges, suffix = match.groups()
-    if ranges is None:
-        return prefix + suffix
-    return prefix + ranges.split(",")[0].split("-")[0] + suffix
+        ) from None
 
 
 def tasks_on_node(tasks_per_node: str, node_rank: int) -> int:

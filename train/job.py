@@ -209,15 +209,29 @@ def _setup(
             "rank %d: rendezvous at %s:%s, %d rank(s), timeout %d s",
             env.rank, env.master_addr, env.master_port, env.world_size, cfg.dist.timeout_s,
         )  # fmt: skip
+        timeout = datetime.timedelta(seconds=cfg.dist.timeout_s)
         dist.init_process_group(
-            backend="gloo" if searching else dist_backend(cfg),
-            init_method="env://",
-            timeout=datetime.timedelta(seconds=cfg.dist.timeout_s),
-        )
+            backend="gloo" if searching else dist_backend(cfg), timeout=timeout,
+            **_rendezvous(env, timeout),
+        )  # fmt: skip
         stops.join()
     return Context(
         cfg, env, device, gpus, run_dir, runfolder.RecordWriter(run_dir, env.rank), stops
     )
+
+
+def _rendezvous(env: distenv.DistEnv, timeout: datetime.timedelta) -> dict[str, Any]:
+    """How the process group meets: under Slurm and submitit a store served on master_addr by
+    the first task there (`DistEnv.serves_store`), not by rank 0 wherever it runs; torchrun's
+    and a single process's through env://, as torchrun expects."""
+    if env.source not in ("slurm", "submitit"):
+        return {"init_method": "env://"}
+    # multi_tenant: as env:// makes it (one port, several stores in a process: the search's)
+    store = dist.TCPStore(
+        env.master_addr, env.master_port, env.world_size, env.serves_store, timeout=timeout,
+        multi_tenant=True,
+    )  # fmt: skip
+    return {"store": store, "rank": env.rank, "world_size": env.world_size}
 
 
 def _pick_device(cfg: Config, env: distenv.DistEnv) -> tuple[torch.device, int]:
