@@ -242,6 +242,14 @@ def unanswering(nodes: list[str]) -> dict[str, str]:
     }
 
 
+def max_array_size() -> int | None:
+    """The cluster's MaxArraySize (an array's indices run below it); None where Slurm does not
+    say."""
+    done = _run("scontrol", "show", "config")
+    found = re.search(r"^MaxArraySize\s*=\s*(\d+)", done.stdout, re.M) if done else None
+    return int(found[1]) if found and int(found[1]) > 0 else None
+
+
 def srun_takes(option: str) -> bool:
     """Whether this cluster's srun knows an option (a SPANK plugin such as pyxis adds its own to
     srun's help); where srun cannot say, True, and srun itself refuses the job."""

@@ -189,7 +189,7 @@ def _sweep(args: argparse.Namespace) -> int:
     submitted: list[tuple[Path, Any]] = []
     try:
         for (run_dir, job), point in zip(
-            sweep(cfgs, command=_command(), parallel=args.parallel), points, strict=False
+            sweep(cfgs, [_point_command(p) for p in points], args.parallel), points, strict=False
         ):
             submitted.append((run_dir, job))
             print(
@@ -263,6 +263,20 @@ def _sweep_modes(args: argparse.Namespace) -> list[str]:
 
 def _command() -> list[str]:
     return ["python", "-m", "launch", *sys.argv[1:]]
+
+
+def _point_command(point: tuple[str, ...]) -> list[str]:
+    """A sweep run's own command, as its run folder keeps it: the sweep's, with its grid replaced by
+    this run's point (a 1,000-point grid is not repeated in 1,000 files)."""
+    kept, words = [], iter(sys.argv[1:])
+    for word in words:
+        if word in ("--grid", "--modes"):
+            next(words, None)  # and its value
+        elif not word.startswith(("--grid=", "--modes=")):
+            kept.append(word)
+    mode, *values = point
+    return ["python", "-m", "launch", *kept, "--modes", mode.removeprefix("mode="),
+            *(f"--grid={value}" for value in values)]  # fmt: skip
 
 
 def grid(items: list[str]) -> list[tuple[str, ...]]:

@@ -41,7 +41,7 @@ HEADER = ["RUN", "MODE", "BACKEND", "JOB", "STATE", "NODES", "ELAPSED", "EPOCH"]
 
 def slurm_states(run_dirs: list[Path]) -> dict[str, slurm.JobState]:
     """The Slurm jobs of these runs, asked all at once (a few calls for thousands of runs);
-    a folder whose run.json cannot be read is left to `status` to report."""
+    a folder whose metadata cannot be read is left to `status` to report."""
     ids = []
     for run_dir in run_dirs:
         try:

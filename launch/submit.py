@@ -885,23 +885,24 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 
 
 def sweep(
-    cfgs: list[Config], command: list[str], parallel: int | None = None
+    cfgs: list[Config], commands: list[list[str]], parallel: int | None = None
 ) -> Iterator[tuple[Path, submitit.Job[Any]]]:
-    """Submit a grid of configs: on Slurm one array (at most `parallel` elements at once); locally
-    one run after another (or `parallel` at a time), each waited for before the next starts."""
+    """Submit a grid of configs (each run folder records its own point's command): on Slurm
+    one array (at most `parallel` elements at once); locally one run after another (or
+    `parallel` at a time), each waited for before the next starts."""
     for cfg in cfgs:
         check_submission(cfg)
     if resolve_backend(cfgs[0].cluster.backend) == Backend.local:
-        yield from _local_sweep(cfgs, command, parallel or 1)
+        yield from _local_sweep(cfgs, commands, parallel or 1)
     else:
-        yield from _slurm_sweep(cfgs, command, parallel)
+        yield from _slurm_sweep(cfgs, commands, parallel)
 
 
 def _local_sweep(
-    cfgs: list[Config], command: list[str], parallel: int
+    cfgs: list[Config], commands: list[list[str]], parallel: int
 ) -> Iterator[tuple[Path, submitit.Job[Any]]]:
     running: list[submitit.Job[Any]] = []
-    for cfg in cfgs:
+    for cfg, command in zip(cfgs, commands, strict=True):
         while len(running) >= parallel:
             running = [job for job in running if not job.done()]
             time.sleep(0.5)
@@ -913,17 +914,44 @@ def _local_sweep(
 
 
 def _slurm_sweep(
-    cfgs: list[Config], command: list[str], parallel: int | None
+    cfgs: list[Config], commands: list[list[str]], parallel: int | None
 ) -> Iterator[tuple[Path, submitit.Job[Any]]]:
+    """One array per MaxArraySize runs (the cluster's limit on an array's indices), all made
+    first; an array Slurm refuses takes its run folders with it, and says how many went in."""
     run_dirs = [
         runfolder.create(cfg, launcher="launch sweep", backend="slurm", command=command)
-        for cfg in cfgs
+        for cfg, command in zip(cfgs, commands, strict=True)
     ]
-    executor = _array_executor(cfgs, runfolder.sweep_logs_dir(run_dirs[0]), run_dirs[0], parallel)
-    jobs = executor.map_array(ArrayElement(), [str(d) for d in run_dirs])
-    for run_dir, job in zip(run_dirs, jobs, strict=True):
+    size = slurm.max_array_size() or len(cfgs)
+    submitted: list[tuple[Path, submitit.Job[Any]]] = []
+    for start in range(0, len(cfgs), size):
+        part = run_dirs[start : start + size]
+        try:
+            submitted += zip(part, _array(cfgs[start : start + size], part, parallel), strict=True)
+        except SubmitError as err:
+            for run_dir in run_dirs[start:]:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            shutil.rmtree(runfolder.sweep_logs_dir(part[0]), ignore_errors=True)
+            went = f"; the first {start} runs were submitted (`launch status`)" if start else ""
+            raise SubmitError(f"{err}{went}") from None
+    for run_dir, job in submitted:
         _record_job(run_dir, job)
         yield run_dir, job
+
+
+def _array(
+    cfgs: list[Config], run_dirs: list[Path], parallel: int | None
+) -> list[submitit.Job[Any]]:
+    """One Slurm array of these runs; SubmitError with sbatch's words if Slurm refuses it."""
+    logs = runfolder.sweep_logs_dir(run_dirs[0])
+    executor = _array_executor(cfgs, logs, run_dirs[0], parallel)
+    try:
+        with _without_enclosing_job(), contextlib.redirect_stderr(io.StringIO()):
+            return executor.map_array(ArrayElement(), [str(d) for d in run_dirs])
+    except (submitit.core.utils.FailedSubmissionError, submitit.core.utils.FailedJobError) as err:
+        raise SubmitError(
+            f"Slurm refused the sweep's array of {len(run_dirs)} runs: {_scheduler_words(err)}"
+        ) from None
 
 
 def _array_executor(
@@ -935,8 +963,8 @@ def _array_executor(
     shape = _array_shape(cfgs)
     executor = submitit.SlurmExecutor(folder=logs, max_num_timeout=most, python=task_python(shape))
     executor.update_parameters(**slurm_parameters(shape, f"sweep-{first.name}"))
-    if parallel:
-        executor.update_parameters(array_parallelism=parallel)
+    # No --parallel: every element may run at once (submitit's own default caps an array at 256).
+    executor.update_parameters(array_parallelism=parallel or len(cfgs))
     return executor
 
 

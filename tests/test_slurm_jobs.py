@@ -381,30 +381,53 @@ def test_sweep_is_one_array_that_analysis_compares(
     assert "global batch 256" in table.stdout and "global batch 512" in table.stdout
 
 
-def test_a_cancelled_pending_sweep_reads_cancelled_from_one_query(
+def test_a_sweep_past_max_array_size_is_split_and_reads_cancelled_from_one_query(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """A sweep that cannot start yet (--begin in an hour), cancelled with a plain scancel of the
-    array: once the queue has forgotten it (MinJobAge), accounting holds one record for the
-    whole array (`J_[0-2]`), no row per element; each run still reads CANCELLED. `status` asks
-    once for all runs: one squeue and one sacct call (`-v` lists every Slurm command)."""
+    """Eight points against the test cluster's MaxArraySize=6: two arrays (6 and 2), every
+    element's own index below the limit. Not started yet (--begin in an hour), cancelled with a
+    plain scancel of each array: once the queue has forgotten them (MinJobAge), accounting holds
+    one record per array (`J_[0-5]`), no row per element; each run still reads CANCELLED.
+    `status` asks once for all runs: one squeue and one sacct call (`-v` lists them)."""
+    values = ",".join(f"0.0{n}" for n in range(1, 9))
     done = kit(
-        "launch", "sweep", "--modes", "ddp", "--grid", "train.lr=0.01,0.02,0.03",
+        "launch", "sweep", "--modes", "ddp", "--grid", f"train.lr={values}",
         "cluster.backend=slurm", "cluster.gpus_per_node=1", "cluster.cpus_per_task=1",
         "cluster.sbatch_extra.begin=now+3600", *SBATCH_SMALL, *_kit_env(tmp_path),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    array = done.stdout.split()[2].split("_")[0]
-    assert slurm_cluster.run("scancel", array).returncode == 0
+    jobs = [line.split()[2] for line in done.stdout.splitlines()]
+    arrays = list(dict.fromkeys(job.split("_")[0] for job in jobs))
+    assert [job.split("_")[1] for job in jobs] == [*map(str, range(6)), "0", "1"], jobs
+    assert len(arrays) == 2
+    assert slurm_cluster.run("scancel", *arrays).returncode == 0
     deadline = time.monotonic() + 60
-    while slurm_cluster.run("squeue", "-h", "-j", array).stdout.strip():
-        assert time.monotonic() < deadline, "the cancelled array stayed in the queue"
+    while slurm_cluster.run("squeue", "-h", "-j", ",".join(arrays)).stdout.strip():
+        assert time.monotonic() < deadline, "the cancelled arrays stayed in the queue"
         time.sleep(1)
     status = kit("launch", "status", "--root", f"{tmp_path}/runs", "-v")
     rows = status.stdout.splitlines()[1:]
-    assert [row.split()[4] for row in rows] == ["CANCELLED"] * 3, status.stdout
+    assert [row.split()[4] for row in rows] == ["CANCELLED"] * 8, status.stdout
     calls = re.findall(r"slurm: (squeue|sacct) -", status.stderr)
     assert sorted(calls) == ["sacct", "squeue"], status.stderr
+
+
+def test_a_sweep_slurm_refuses_leaves_nothing(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """sbatch refuses the array (a partition the cluster has not): one line with Slurm's words,
+    exit 2, and no run folder, pickle or script left behind."""
+    done = kit(
+        "launch", "sweep", "--modes", "ddp", "--grid", "train.lr=0.01,0.02",
+        "cluster.backend=slurm", "cluster.gpus_per_node=1", "cluster.partition=nosuch",
+        *SBATCH_SMALL, *_kit_env(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    (line,) = done.stderr.splitlines()
+    assert (
+        line.startswith("error: Slurm refused the sweep's array of 2 runs: ")
+        and "partition" in line
+    )
+    left = [p for p in (tmp_path / "runs").rglob("*") if p.is_file() or p.name[:1].isdigit()]
+    assert left == [], left  # no file, no run folder
 
 
 def test_dry_run_prints_the_script_and_submits_nothing(

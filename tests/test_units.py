@@ -331,6 +331,10 @@ def test_a_local_sweep_runs_one_after_another_and_says_which_failed(tmp_path: Pa
     lines = done.stdout.splitlines()  # then each completed run's result, and the tally
     first, second = (Path(line.split("run folder: ")[1]) for line in submitted)
     assert "name: convnet" in (first / "config.yaml").read_text()  # the grid's order
+    # Each run.json keeps its own point's command, not the whole grid's.
+    command = json.loads((first / "run.json").read_text())["command"]
+    assert command[:4] == ["python", "-m", "launch", "sweep"] and "--grid" not in command
+    assert command[-3:] == ["--modes", "ddp", "--grid=model.name=convnet"], command
     second_start = next(r["time"] for r in records(second) if r["kind"] == "start")
     assert second_start > _times(first)[1]  # after the first's summary: one after another
     assert any(line.startswith(f"{first.name}: test accuracy ") for line in lines), done.stdout

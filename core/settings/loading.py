@@ -36,7 +36,7 @@ def load_config(
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    layers = [OmegaConf.structured(Config)]
+    layers = [_defaults()]
     if config_file is not None:
         layers.append(_read_yaml(Path(config_file)))
     flags = [f"mode={mode}"] * (mode is not None) + [f"cluster.nodes={nodes}"] * (nodes is not None)
@@ -51,6 +51,15 @@ def load_config(
         raise ConfigError(f"a setting has the wrong shape: {err}") from None
     validate(cfg)
     return cfg
+
+
+@functools.cache
+def _defaults() -> DictConfig:
+    """The schema's defaults as OmegaConf's typed node, made once: it is most of a load's time
+    (a sweep loads one config per point), and merging copies it rather than changing it."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.structured(Config)
 
 
 def to_yaml(cfg: Config) -> str:
