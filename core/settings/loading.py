@@ -6,6 +6,7 @@ Config from plain values without OmegaConf (`from_dict`).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import functools
@@ -63,11 +64,16 @@ def _defaults() -> DictConfig:
 
 
 def to_yaml(cfg: Config) -> str:
-    from omegaconf import OmegaConf
+    """The config as OmegaConf writes YAML (its dumper, which quotes text that would read back
+    as another type), from plain values: OmegaConf writes a structured config's choices by their
+    Python names, which the reader (by value) would refuse where the two differ (compile_mode);
+    and without building OmegaConf's nodes first (a sweep writes one per run)."""
+    from omegaconf._utils import get_omega_conf_dumper
 
-    # From plain values: OmegaConf writes a structured config's choices by their Python names,
-    # which the reader (by value) would refuse where the two differ (compile_mode).
-    return OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg)))
+    return yaml.dump(
+        to_dict(cfg), Dumper=get_omega_conf_dumper(), default_flow_style=False,
+        allow_unicode=True, sort_keys=False,
+    )  # fmt: skip
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
@@ -160,19 +166,29 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
         items.append(item if value else f"{key}=''")  # `key=` means the empty string
     layer = OmegaConf.create()
     for item in items:
-        key, _, value = item.partition("=")
-        try:
-            single = OmegaConf.to_container(OmegaConf.from_dotlist([item]))
-            node = yaml.compose(value, Loader=yaml.SafeLoader)
-        except Exception as err:  # YAML scanner errors (a value starting with @, `, %, *, !, [ …)
-            raise ConfigError(
-                f"cannot read the value of {item!r} ({_first_line(err)}): a value starting with a "
-                f"special character needs quotes inside the argument, e.g. '{key}=\"{value}\"'"
-            ) from None
-        parts = key.split(".")
-        loaded = functools.reduce(lambda values, part: values[part], parts, single)
-        OmegaConf.update(layer, key, _as_written(loaded, node, _hint_at(parts), key))
+        key, value = _read_override(item)
+        OmegaConf.update(layer, key, copy.deepcopy(value))  # the cached value stays as read
     return layer
+
+
+@functools.lru_cache(maxsize=4096)
+def _read_override(item: str) -> tuple[str, Any]:
+    """One `key=value` as its key and value read as written; cached, since a sweep gives every
+    point the same overrides besides its own (a refused one raises, and is not cached)."""
+    from omegaconf import OmegaConf
+
+    key, _, value = item.partition("=")
+    try:
+        single = OmegaConf.to_container(OmegaConf.from_dotlist([item]))
+        node = yaml.compose(value, Loader=yaml.SafeLoader)
+    except Exception as err:  # YAML scanner errors (a value starting with @, `, %, *, !, [ …)
+        raise ConfigError(
+            f"cannot read the value of {item!r} ({_first_line(err)}): a value starting with a "
+            f"special character needs quotes inside the argument, e.g. '{key}=\"{value}\"'"
+        ) from None
+    parts = key.split(".")
+    loaded = functools.reduce(lambda values, part: values[part], parts, single)
+    return key, _as_written(loaded, node, _hint_at(parts), key)
 
 
 _NULL = "tag:yaml.org,2002:null"
