@@ -187,7 +187,7 @@ def test_strategies_over_nccl_keep_ranks_equal_save_and_learn(
 ) -> None:
     """Each strategy over NCCL: ranks end with the same weights, the run learns, and the saved
     weights (gathered from the shards where sharded) are the ones the ranks ended with."""
-    from train.job import parameters_sha256
+    from train.loop import parameters_sha256
     from train.model import ConvNet
 
     run_dir = _submit(tmp_path, *strategy, "data.train_size=16384", "train.epochs=3")
