@@ -93,6 +93,26 @@ def test_tasks_on_node() -> None:
     assert [tasks_on_node("2(x3),1", n) for n in range(4)] == [2, 2, 2, 1]
 
 
+def test_an_array_element_takes_its_port_from_its_own_job_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """submitit names an element J_K, but Slurm gives it a job id of its own: the port comes from
+    that, so the element never shares a port with the plain job Slurm numbers after the array
+    (J_K against J+1 did: port(J_997) = port(J+1))."""
+    element = {
+        "SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "1998", "SLURM_ARRAY_JOB_ID": "1000",
+        "SLURM_ARRAY_TASK_ID": "997", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+        "SLURM_NTASKS": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "n1",
+        "SLURM_STEP_ID": "0",
+    }  # fmt: skip
+    for name, value in element.items():
+        monkeypatch.setenv(name, value)
+    env = detect(element)
+    assert env.source == "submitit" and env.job_id == "1000_997"
+    assert env.master_port == port_for_job("1998") != port_for_job("1001")
+    assert port_for_job("1000_997") == port_for_job("1001")  # the collision it avoids
+
+
 def test_submitit_local_tasks(tmp_path: Path) -> None:
     """A real LocalExecutor job with two tasks: each learns its own place."""
     executor = submitit.LocalExecutor(folder=tmp_path)

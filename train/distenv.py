@@ -212,7 +212,9 @@ def _from_submitit(env: Mapping[str, str]) -> dict[str, Any]:
         "local_world_size": job.num_tasks // job.num_nodes,
         "node_rank": job.node,
         "master_addr": hosts[0],
-        "master_port": port_for_job(job_id),
+        # Slurm's own id of this job: an array element's is its own (not J_K), unique among the
+        # jobs around it, so no element shares a port with the plain job Slurm numbers J+1.
+        "master_port": port_for_job(env.get("SLURM_JOB_ID") or job_id),
         "job_id": job_id,
     }
 
