@@ -24,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = REPO / "slurm" / "testcluster"
-ARRAY_SIZE = 1001  # Slurm's default MaxArraySize: a 1,000-point sweep is one array
+ARRAY_SIZE = 10001  # a 10,000-point sweep is one array (Slurm's default MaxArraySize is 1001)
 
 
 def timed(
@@ -32,7 +32,11 @@ def timed(
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, float]]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(
+            f"{' '.join(command[:5])} … exited {done.returncode}: {done.stderr[-2000:]}"
+        )
     wall = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -45,7 +49,8 @@ def states(status: str) -> dict[str, int]:
 
 def main(out: Path, points: int) -> None:
     cluster = out / "cluster"
-    started = {**os.environ, "TESTCLUSTER_MAX_ARRAY_SIZE": str(ARRAY_SIZE)}
+    started = {**os.environ, "TESTCLUSTER_MAX_ARRAY_SIZE": str(ARRAY_SIZE),
+               "TESTCLUSTER_MAX_JOB_COUNT": str(2 * ARRAY_SIZE)}  # fmt: skip
     subprocess.run(["bash", str(CLUSTER / "start.sh"), str(cluster), "2"], check=True, env=started)
     env = {**os.environ, "SLURM_CONF": str(cluster / "slurm.conf"), "PYTHONPATH": str(REPO)}
     root = out / "runs"

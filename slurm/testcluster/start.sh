@@ -17,6 +17,7 @@
 #   TESTCLUSTER_TIMEOUT       seconds to wait for the cluster to be ready (default 60)
 #   TESTCLUSTER_MAX_ARRAY_SIZE  Slurm's MaxArraySize (default 6: small, so that a test shows a
 #                             sweep split into several arrays; Slurm's own default is 1001)
+#   TESTCLUSTER_MAX_JOB_COUNT   Slurm's MaxJobCount, the jobs it holds at once (default 10000)
 #   TESTCLUSTER_NETNS=1       each slurmd in a network namespace of its own, with its own
 #                             address and hostname (node1, node2, …) on a bridge: a job's ranks
 #                             then talk across a real network stack, whose links a test can cut
@@ -165,6 +166,7 @@ SlurmdTimeout=$([[ $NETNS == 1 ]] && echo 30 || echo 300)
 # 2 s: it lengthens its poll interval (2 s, then 8 s) only while that stays below MinJobAge/2.
 MinJobAge=5
 MaxArraySize=${TESTCLUSTER_MAX_ARRAY_SIZE:-6}
+MaxJobCount=${TESTCLUSTER_MAX_JOB_COUNT:-10000}
 # Lets a node declare more CPUs/memory than the machine has (8 CPUs on 2 cores).
 SlurmdParameters=config_overrides
 GresTypes=gpu
