@@ -244,7 +244,8 @@ def _markdown_group(group: Group) -> str:
     if none:
         names = ", ".join(dict.fromkeys(f.name for f in none))
         lines += ["", f"Not measured by any run here, so left out (null in csv/json): {names}."]
-    lines += ["", *notes(group)] if notes(group) else []
+    if said := notes(group):
+        lines += ["", *said]
     return "\n".join(lines)
 
 

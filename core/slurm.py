@@ -107,7 +107,8 @@ def states(job_ids: list[str]) -> dict[str, JobState]:
         queued |= _queue_states(chunk)
         arrays = {job.partition("_")[0] for job in chunk if "_" in job}
         accounted |= _accounting_states([*chunk, *sorted(arrays - set(chunk))])
-    found = {job: _either(queued.get(job), accounted.get(job) or _unstarted(job, accounted))
+    pending = _array_records(accounted)
+    found = {job: _either(queued.get(job), accounted.get(job) or _unstarted(job, pending))
              for job in wanted}  # fmt: skip
     return {job: known for job, known in found.items() if known}
 
@@ -137,25 +138,28 @@ def _accounted(row: dict[str, str]) -> JobState:
 _ARRAY_RECORD = re.compile(r"(?P<job>\d+)_\[(?P<spec>[\d,-]+)(%\d+)?\]")
 
 
-def _unstarted(job_id: str, accounted: dict[str, JobState]) -> JobState | None:
+def _array_records(accounted: dict[str, JobState]) -> dict[str, list[tuple[str, JobState]]]:
+    """Accounting's records of arrays' pending elements (`J_[3-999%256]`): array id → (index
+    list, state), read once for all the elements asked about."""
+    records: dict[str, list[tuple[str, JobState]]] = {}
+    for key, found in accounted.items():
+        if record := _ARRAY_RECORD.fullmatch(key):
+            records.setdefault(record["job"], []).append((record["spec"], found))
+    return records
+
+
+def _unstarted(job_id: str, arrays: dict[str, list[tuple[str, JobState]]]) -> JobState | None:
     """The state of the array record that holds a never-started element `J_K`, if any."""
     job, _, index = job_id.partition("_")
     if not index.isdigit():
         return None
-    for key, found in accounted.items():
-        record = _ARRAY_RECORD.fullmatch(key)
-        if record and record["job"] == job and _holds(record["spec"], int(index)):
-            return found
-    return None
+    held = (found for spec, found in arrays.get(job, []) if _holds(spec, int(index)))
+    return next(held, None)
 
 
 def _holds(spec: str, index: int) -> bool:
     """Whether Slurm's index list (`0-999`, `3,5-7`) holds index."""
-    for part in spec.split(","):
-        low, _, high = part.partition("-")
-        if int(low) <= index <= int(high or low):
-            return True
-    return False
+    return any(low <= index <= high for low, high in _spans(spec))
 
 
 # The states a job ends in (a requeued job is not ended: it runs again).
@@ -176,11 +180,7 @@ ENDED = frozenset(
 
 
 def _from_queue(job_id: str) -> JobState | None:
-    squeue = _run("squeue", "-j", job_id, "-h", "-t", "all", "-o", "%T|%M|%N")
-    if not squeue or squeue.returncode or not squeue.stdout.strip():
-        return None
-    word, elapsed, nodes = squeue.stdout.strip().splitlines()[0].split("|")
-    return JobState(word, elapsed, nodes or "-")
+    return _queue_states([job_id]).get(job_id)
 
 
 def _from_accounting(job_id: str) -> JobState | None:
@@ -287,11 +287,13 @@ def first_bad_exit(srun_stderr: str) -> TaskEnd | None:
 
 def _task_ids(spec: str) -> tuple[int, ...]:
     """srun's task list, `0-1,3`, as ids."""
-    ids: list[int] = []
-    for part in spec.split(","):
-        low, _, high = part.partition("-")
-        ids += range(int(low), int(high or low) + 1)
-    return tuple(ids)
+    return tuple(i for low, high in _spans(spec) for i in range(low, high + 1))
+
+
+def _spans(spec: str) -> list[tuple[int, int]]:
+    """Slurm's list of numbers and ranges (`0-1,3`) as (first, last) pairs."""
+    parts = (part.partition("-") for part in spec.split(","))
+    return [(int(low), int(high or low)) for low, _, high in parts]
 
 
 def hostnames(nodelist: str) -> list[str]:

@@ -780,9 +780,8 @@ def _show_epochs(run_dir: Path, shown: _Shown, say: Callable[[str], None]) -> No
             say(f"resumed at epoch {first}, batch {batch}")
         say(_started_words(start) + shown.first_epoch)
         shown.attempt, shown.last = start["time"], min(shown.last, first - 1)
+    world, total = (start["world_size"], start["epochs"]) if start else (1, "?")
     for r in epochs[shown.last :]:
-        world = start["world_size"] if start else 1
-        total = start["epochs"] if start else "?"
         timing = (
             f"{r['seconds']:.2f} s, {r['samples'] * world / r['seconds']:.0f} samples/s"
             if r["seconds"]
@@ -793,7 +792,7 @@ def _show_epochs(run_dir: Path, shown: _Shown, say: Callable[[str], None]) -> No
             f"test loss {r['test_loss']:.4f}, accuracy {r['test_accuracy']:.2%}"
         )
     shown.last = max(shown.last, len(epochs))
-    _show_progress(records, epochs, shown, say, start["epochs"] if start else "?")
+    _show_progress(records, epochs, shown, say, total)
 
 
 def _show_progress(

@@ -63,13 +63,18 @@ class DistEnv:
         return self.rank == 0
 
     @property
+    def kit_store(self) -> bool:
+        """Whether the kit serves the rendezvous store itself (Slurm's and submitit's tasks);
+        torchrun's workers, and a process alone, meet through env:// as torchrun expects."""
+        return self.source in ("slurm", "submitit")
+
+    @property
     def serves_store(self) -> bool:
         """Whether this process serves the rendezvous store at master_addr. Under Slurm
         master_addr is the first node of the step, and the store is served by that node's first
         task, whichever rank it is: with `srun -m arbitrary` (a SLURM_HOSTFILE) rank 0 may run on
-        another node. torchrun's workers, and a process alone, leave it to rank 0 (or torchrun's
-        agent) as env:// does."""
-        if self.source in ("slurm", "submitit"):
+        another node. Elsewhere rank 0 (or torchrun's agent) serves it, as env:// does."""
+        if self.kit_store:
             return self.node_rank == 0 and self.local_rank == 0
         return self.rank == 0
 

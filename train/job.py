@@ -224,7 +224,7 @@ def _rendezvous(env: distenv.DistEnv, timeout: datetime.timedelta) -> dict[str, 
     """How the process group meets: under Slurm and submitit a store served on master_addr by
     the first task there (`DistEnv.serves_store`), not by rank 0 wherever it runs; torchrun's
     and a single process's through env://, as torchrun expects."""
-    if env.source not in ("slurm", "submitit"):
+    if not env.kit_store:
         return {"init_method": "env://"}
     # multi_tenant: as env:// makes it (one port, several stores in a process: the search's)
     store = dist.TCPStore(
