@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 import submitit
 
+from core import slurm
 from core.settings.loading import load_config
 from train.distenv import DistEnv, detect, first_host, port_for_job, tasks_on_node
 from train.job import LaunchError, check_launch
@@ -142,3 +144,48 @@ def test_ddp_task_count_must_match_gpus() -> None:
 def test_dp_refuses_several_processes() -> None:
     with pytest.raises(LaunchError, match="DataParallel drives all GPUs from one process"):
         check_launch(load_config(mode="dp"), detect(SRUN_TASK_2), environ=SRUN_TASK_2)
+
+
+def random_hostlists(count: int, seed: int = 21, slurm_accepts: bool = False) -> list[str]:
+    """Hostlists made at random: several entries, each with bracketed ranges anywhere in the name,
+    zero-padded or not, ranges and single numbers mixed. slurm_accepts: only what Slurm 22.05's
+    own reader takes (at most two brackets an entry, nothing after the last; it refuses text
+    there and reads only the first value of a middle bracket of three), a grammar Slurm's own
+    node lists never leave."""
+    pick = random.Random(seed)
+
+    def numbers() -> str:
+        parts = []
+        for _ in range(pick.randint(1, 3)):
+            width, low = pick.choice([1, 2, 3, 5]), pick.randint(0, 120)
+            high = low + pick.choice([0, 1, 3, 9])
+            parts.append(f"{low:0{width}d}" + (f"-{high:0{width}d}" if high > low else ""))
+        return f"[{','.join(parts)}]"
+
+    def entry() -> str:
+        brackets = pick.randint(0, 2 if slurm_accepts else 3)
+        pieces = [pick.choice(["node", "rack", "gpu-a100-", "c1001a-s", "10.0.", "nid"])]
+        for n in range(brackets):
+            last = n == brackets - 1
+            pieces += [
+                numbers(),
+                "" if last and slurm_accepts else pick.choice(["", "-n", ".", "x"]),
+            ]
+        return "".join(pieces)
+
+    return [",".join(entry() for _ in range(pick.randint(1, 4))) for _ in range(count)]
+
+
+def test_the_hostlist_reader_agrees_with_python_hostlist() -> None:
+    """python-hostlist (GPL: a test-only oracle, never a dependency of the kit) expands 500
+    random lists as the kit does; `test_slurm_jobs` checks a sample against scontrol itself."""
+    oracle = pytest.importorskip("hostlist")
+    for nodelist in random_hostlists(500):
+        expected = oracle.expand_hostlist(nodelist, allow_duplicates=True)
+        assert slurm.hostnames(nodelist) == expected, nodelist
+        assert slurm.first_host(nodelist) == expected[0], nodelist
+    for bad in ("n[3-1]", "n[1-2", "n1-2]", "n[a-b]", "n[[1-2]]"):
+        with pytest.raises(oracle.BadHostlist):
+            oracle.expand_hostlist(bad)
+        with pytest.raises(ValueError):
+            slurm.hostnames(bad)

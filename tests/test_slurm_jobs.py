@@ -19,6 +19,7 @@ import pytest
 from kit import REPO, SMALL, kit, records, run_folder
 from paced import LASTING
 from slurm_cluster import SlurmCluster, wait_job
+from test_distenv import random_hostlists
 
 from train.distenv import port_for_job
 
@@ -557,10 +558,10 @@ HOSTLISTS = [
 
 def test_the_hostlist_reader_expands_as_slurm_does(slurm_cluster: SlurmCluster) -> None:
     """Slurm's whole grammar (several brackets per name, zero padding, commas and spaces),
-    checked against `scontrol show hostnames`; the first host is the one MASTER_ADDR names."""
+    checked against `scontrol show hostnames`, on lists written by hand and made at random; the first host is the one MASTER_ADDR names."""
     from core.slurm import first_host, hostnames
 
-    for nodelist in HOSTLISTS:
+    for nodelist in HOSTLISTS + random_hostlists(20, slurm_accepts=True):
         shown = slurm_cluster.run("scontrol", "show", "hostnames", nodelist)
         assert shown.returncode == 0, shown.stderr
         assert hostnames(nodelist) == shown.stdout.split(), nodelist
