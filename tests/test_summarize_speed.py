@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -95,14 +96,22 @@ def _runs_with_notes(sources: list[Path], root: Path) -> list[Path]:
 def test_runs_read_by_spawned_processes_read_as_in_this_one(
     sources: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Here pandas is loaded (its threads with it): the readers are spawned, not forked."""
+    """With another thread running (pandas' and numpy's, once they have started theirs; one of
+    the test's own here, whichever tests ran before), the readers are spawned, not forked."""
     runs = _runs_with_notes(sources, tmp_path / "runs")
     alone, alone_notes = load.load_runs(runs)
     for name, value in SPREAD.items():
         monkeypatch.setattr(load, name, value)
-    if sys.platform.startswith("linux"):
-        assert load._start_method() == "spawn"
-    spread, spread_notes = load.load_runs(runs, parallel=True)
+    done = threading.Event()
+    other = threading.Thread(target=done.wait)
+    other.start()
+    try:
+        if sys.platform.startswith("linux"):
+            assert load._start_method() == "spawn"
+        spread, spread_notes = load.load_runs(runs, parallel=True)
+    finally:
+        done.set()
+        other.join()
     pd.testing.assert_frame_equal(alone, spread)
     assert alone_notes == spread_notes
 
