@@ -565,6 +565,7 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
         **dict.fromkeys(("host", "mode", "task", "backend", "torch"), _TEXT),
         **dict.fromkeys(("node", "job_id", "device_name"), _MAYBE_TEXT),
         "startup_s": _MAYBE_NUMBER,
+        "compile_cache": _MAYBE_TEXT,
         "startup_parts": (dict, type(None)),
         "resumed_at_batch": _MAYBE_INT,
     },
@@ -610,7 +611,9 @@ class _Absent:
     """What a record's field is when it has none: every field may be absent."""
 
 
-def _checks(fields: dict[str, tuple[type, ...]]) -> tuple[tuple[str, ...], tuple[frozenset[type], ...]]:
+def _checks(
+    fields: dict[str, tuple[type, ...]],
+) -> tuple[tuple[str, ...], tuple[frozenset[type], ...]]:
     """The fields' names, and each one's exact types as json gives them (a bool only where bool
     is named), absence allowed."""
     return tuple(fields), tuple(frozenset({*types, _Absent}) for types in fields.values())

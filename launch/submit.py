@@ -757,6 +757,15 @@ def _first_epoch_words(cfg: Config) -> str:
     return ""
 
 
+def _cache_words(first_epoch: str, cache: object) -> str:
+    """The first epoch's words, where the compile cache says how long its compile takes."""
+    if cache == "warm":
+        return "; the first epoch loads the compiled model from the compile cache (seconds)"
+    if cache == "cold":
+        return first_epoch + ", then saves it to the compile cache for the next job"
+    return first_epoch
+
+
 @dataclasses.dataclass
 class _Shown:
     """What `--wait` has said: epochs 1..last, of the attempt that started at `attempt`."""
@@ -778,7 +787,7 @@ def _show_epochs(run_dir: Path, shown: _Shown, say: Callable[[str], None]) -> No
         first, batch = start.get("first_epoch", 1), start.get("resumed_at_batch", 0)
         if shown.attempt is not None:
             say(f"resumed at epoch {first}, batch {batch}")
-        say(_started_words(start) + shown.first_epoch)
+        say(_started_words(start) + _cache_words(shown.first_epoch, start.get("compile_cache")))
         shown.attempt, shown.last = start["time"], min(shown.last, first - 1)
     world, total = (start["world_size"], start["epochs"]) if start else (1, "?")
     for r in epochs[shown.last :]:

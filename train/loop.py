@@ -22,7 +22,7 @@ from core import runfolder, strategies
 from core.settings.rules import per_rank_batch
 from core.settings.schema import Precision
 from core.strategies import bare
-from train import checkpoint, loaders, steps, stopping, workloads
+from train import checkpoint, compile_cache, loaders, steps, stopping, workloads
 from train.gpustats import GpuSampler
 from train.process import Context, barrier, start_record, workload_record
 from train.timing import StepClock
@@ -75,6 +75,8 @@ def train(ctx: Context, started: float) -> dict[str, Any]:
     scaler = torch.amp.GradScaler(enabled=cfg.train.precision == Precision.fp16)
     torch.manual_seed(cfg.train.seed + env.rank)  # different dropout masks per rank
     progress = _restore(ctx, model, optimizer, scaler)
+    cache = compile_cache.path_for(cfg, ctx.device)
+    cache_state = compile_cache.load(cache) if cache else None  # before the first compile
     step = _step(ctx, model, optimizer, scaler)
     gpus = GpuSampler(_driven_gpus(ctx))
     ctx.lap("model_and_state")
@@ -87,6 +89,7 @@ def train(ctx: Context, started: float) -> dict[str, Any]:
         first_epoch=progress.epoch,
         resumed_at_batch=progress.batches,
         restarts=stopping.restarts(),
+        compile_cache=cache_state,
     )
     epochs: list[dict[str, Any]] = []
     while progress.epoch <= cfg.train.epochs:
@@ -98,6 +101,8 @@ def train(ctx: Context, started: float) -> dict[str, Any]:
         if stop:
             return stopping.stop(ctx, stop, progress, (model, optimizer, scaler))
         epochs.append(_end_epoch(ctx, model, test_loader, progress, figures))
+        if cache and cache_state == "cold" and len(epochs) == 1:  # training and scoring compiled
+            compile_cache.save(cache)
         if not math.isfinite(epochs[-1]["test_loss"]):  # scored alike on every rank: all end here
             # Diverged: nothing more to learn, and the last sound checkpoint is kept, not this.
             gpus.close()

@@ -1,0 +1,138 @@
+"""Compile once per workload: torch.compile's caches kept where the next job of the workload finds
+them.
+
+torch.compile keeps what it compiled (Inductor's graphs, Triton's kernels, the autotuner's
+choices) in a folder of the machine it ran on, and its entries carry the device index: a sweep's
+next element, a requeued attempt or a resume on another node compiles again, for minutes. Here
+each rank saves PyTorch's portable cache artifacts ("Mega-Cache",
+`torch.compiler.save_cache_artifacts`) after its first compiled epoch into a folder on the
+shared file system, and every later job of the same workload loads them before it compiles
+(`load_cache_artifacts` seeds the node's own caches, so the compile is a lookup).
+
+    <output.root>/compile-cache/<workload key>/cuda<device index>.bin
+
+The workload key is a digest of what the compiled graphs depend on: the versions of torch and
+Triton, the GPU model, the model and data shape, the per-rank batch, precision, memory format,
+compile mode, strategy and CUDA-graph capture. A file is written whole beside its final name and
+renamed onto it under an exclusive lock, so concurrent jobs never see half a file, and only one
+writes at a time; a file that cannot be loaded (another torch, a damaged disk) is a cold start
+with a notice, never a failed job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from core.settings.rules import per_rank_batch
+from core.settings.schema import Config
+
+log = logging.getLogger("train")
+
+FOLDER = "compile-cache"  # under output.root
+
+
+def workload_key(cfg: Config, device_name: str) -> str:
+    """What the compiled graphs depend on, as 16 hex digits."""
+    t, d, m = cfg.train, cfg.data, cfg.model
+    parts = {
+        "torch": torch.__version__,
+        "triton": _triton_version(),
+        "device": device_name,
+        "model": [m.name, m.dropout],
+        "data": [d.dataset, d.channels, d.image_size, d.classes, d.on_device],
+        "batch": per_rank_batch(cfg),
+        "train": [t.precision.value, t.channels_last, t.compile_mode.value, t.cuda_graph],
+        "mode": cfg.mode,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+    except ImportError:  # a CPU build of torch
+        return "none"
+    return str(getattr(triton, "__version__", "unknown"))
+
+
+def path_for(cfg: Config, device: torch.device) -> Path | None:
+    """This rank's artifacts file, or None where nothing is compiled."""
+    if not cfg.train.compile or device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return Path(cfg.output.root) / FOLDER / workload_key(cfg, name) / f"cuda{device.index or 0}.bin"
+
+
+def load(path: Path) -> str:
+    """Seed this node's compile caches from the saved artifacts (before anything compiles):
+    'warm', or 'cold' when there are none or they cannot be used (said in the log; the job
+    goes on and compiles)."""
+    try:
+        artifacts = path.read_bytes()
+    except FileNotFoundError:
+        return "cold"
+    except OSError as err:
+        log.warning("compile cache %s cannot be read (%s): compiling from scratch", path, err)
+        return "cold"
+    try:  # torch says None (and logs why) for bytes it cannot read
+        loaded = torch.compiler.load_cache_artifacts(artifacts)
+        why = "" if loaded is not None else "damaged, or written by another torch"
+    except Exception as err:  # another torch's artifacts, or a damaged file: compile instead
+        why = str(err)
+    if why:
+        log.warning("compile cache %s cannot be loaded (%s): compiling from scratch", path, why)
+        return "cold"
+    return "warm"
+
+
+def save(path: Path) -> bool:
+    """Save what this process compiled (all of it, loaded artifacts included) over the file, whole
+    or not at all; False when there is nothing to save or the folder cannot be written."""
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is None:
+        return False
+    artifacts = saved[0]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(path.parent / ".lock"):
+            _write_whole(path, artifacts)
+    except OSError as err:  # a full or read-only disk costs the next job a compile, no more
+        log.warning("compile cache %s not saved (%s): the next job compiles again", path, err)
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _locked(lock: Path) -> Iterator[None]:
+    """One writer at a time over the whole workload's folder (flock: released if we die)."""
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """Write beside the target, flush to disk, rename onto it: readers see old or new, whole."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
