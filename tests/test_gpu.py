@@ -218,3 +218,25 @@ def test_dp_main_card_carries_the_gathered_outputs(tmp_path: Path) -> None:
     dp_main, *dp_others = peaks["dp"]
     assert dp_main > 1.5 * max(dp_others), peaks  # measured 850 against 356 MB on 2 × H200
     assert max(peaks["ddp"]) < 1.1 * min(peaks["ddp"]), peaks
+
+
+def test_a_second_compiled_job_of_the_workload_loads_the_first_ones_compile(
+    tmp_path: Path,
+) -> None:
+    """The first job compiles and saves its artifacts; the second job of the same workload, with
+    an Inductor folder of its own (another node), starts warm and spends less on its first epoch;
+    a job of another batch size is another workload: cold."""
+    settings = ["--mode", "ddp", *FAST, "train.compile=true", "train.epochs=1"]
+    firsts, states = [], []
+    for node, batch in (("node1", 512), ("node2", 512), ("node3", 256)):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / node))
+            run_dir = _submit(tmp_path, *settings, f"train.global_batch_size={batch}")
+        kinds = {r["kind"]: r for r in reversed(records(run_dir, 0))}  # each kind's first
+        start, epoch = kinds["start"], kinds["epoch"]
+        states.append(start["compile_cache"])
+        firsts.append(epoch["seconds"])
+    assert states == ["cold", "warm", "cold"]
+    assert firsts[1] < firsts[0] / 2, firsts
+    saved = list((tmp_path / "runs" / "compile-cache").glob("*/cuda0.bin"))
+    assert len(saved) == 2, saved  # one file per workload
