@@ -87,6 +87,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("runs", "runs", "", "none", digits=0),
     Figure("epoch_s", "seconds per epoch", "s", "time", "steady state: median of epochs 2..N"),
     Figure("first_epoch_s", "first epoch", "s", "time"),
+    Figure("tta_s", "time to target accuracy from submission", "s", "time", "to the end of the first epoch reaching it"),
+    Figure("tta_data_s", "time to target accuracy from first data", "s", "time", "rank 0's first touch of the training data"),
     Figure("throughput", "throughput", "samples/s", "rate", "all ranks, steady state", digits=0),
     Figure("startup_s", "start-up", "s", "time", "slowest rank"),
     Figure("step_ms_p50", "step time p50", "ms", "time", "data + compute, median over steady epochs"),
@@ -112,6 +114,7 @@ _CARD_REDUCE: dict[str, Callable[[list[float]], float]] = {
 SETTINGS: dict[str, Callable[[Config, dict[str, Any]], Any]] = {
     "global_batch": lambda cfg, start: cfg.train.global_batch_size,
     "epochs": lambda cfg, start: cfg.train.epochs,
+    "target_accuracy": lambda cfg, start: cfg.train.target_accuracy,
     "grad_accum_steps": lambda cfg, start: cfg.train.grad_accum_steps,
     "precision": lambda cfg, start: cfg.train.precision,
     "model": lambda cfg, start: cfg.model.name,
@@ -297,7 +300,7 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
         for rank, kinds in sorted(ranks.items())
         if rank and not kinds.get("summary")
     ]
-    return _row(run_dir, run_id, cfg, ranks), notes
+    return _row(run_dir, run_id, cfg, ranks, meta.get("created_at")), notes
 
 
 # A largest-batch result belongs to the training runs with the same shape and hardware.
@@ -392,7 +395,9 @@ def _missing(cfg: Config, ranks: dict[int, Rank]) -> str:
     return ""
 
 
-def _row(run_dir: Path, run_id: str, cfg: Config, ranks: dict[int, Rank]) -> dict[str, Any]:
+def _row(
+    run_dir: Path, run_id: str, cfg: Config, ranks: dict[int, Rank], created: float | None
+) -> dict[str, Any]:
     start = ranks[0]["start"][-1]
     starts = [ranks[rank]["start"][-1] for rank in sorted(ranks)]
     epochs = _epoch_table(ranks)
@@ -407,6 +412,7 @@ def _row(run_dir: Path, run_id: str, cfg: Config, ranks: dict[int, Rank]) -> dic
         "torch": start["torch"],
         "runs": 1,
         **_timing(epochs, starts),
+        **_time_to_accuracy(ranks[0], cfg.train.target_accuracy, created),
         **_record_figures(ranks),
         "epoch_seconds": epochs["seconds"],  # for the plot: one value per epoch
     }
@@ -492,6 +498,43 @@ def _timing(epochs: Epochs, starts: Records) -> dict[str, float]:
         "throughput": _median(list(map(_ratio, samples[steady:], seconds[steady:]))),
         "startup_s": max(startups) if len(startups) == len(starts) else NOT_MEASURED,
         **{column: _median(epochs[column][steady:]) for column in _STEP_TIMES},
+    }
+
+
+def _time_to_accuracy(rank0: Rank, target: float, created: float | None) -> dict[str, float]:
+    """Seconds from the run folder's making (the submission; the job's start on the sbatch
+    path) and from rank 0's first touch of the training data in its last attempt, to the end
+    (scored) of the first epoch whose test accuracy reaches the target. NaN where no epoch
+    reached it, or the clock it is counted from is not recorded (runs of older kits)."""
+    first = next(
+        (
+            r
+            for r in rank0.get("epoch", [])
+            if isinstance(r.get("test_accuracy"), int | float) and r["test_accuracy"] >= target
+        ),
+        None,
+    )
+    if first is None:
+        return {"tta_epoch": NOT_MEASURED, "tta_s": NOT_MEASURED, "tta_data_s": NOT_MEASURED}
+    reached = first["time"]
+    start = rank0["start"][-1]
+    parts = start.get("startup_parts") or {}
+    before_data = (
+        parts.get("python_and_imports"),
+        parts.get("process_group"),
+        start.get("startup_s"),
+    )
+    touched = (
+        start["time"] - before_data[2] + before_data[0] + before_data[1]
+        if all(isinstance(v, int | float) for v in before_data)
+        else None
+    )
+    return {
+        "tta_epoch": float(first["epoch"]),
+        "tta_s": reached - created if isinstance(created, int | float) else NOT_MEASURED,
+        "tta_data_s": reached - touched
+        if touched is not None and reached > touched
+        else NOT_MEASURED,
     }
 
 

@@ -159,6 +159,7 @@ def heading(group: Group) -> str:
     return (
         f"Group {group.number}: {k['dataset']} {k['train_samples']} train / {k['test_samples']} test, "
         f"{k['model']}, global batch {k['global_batch']}, {k['epochs']} epochs, "
+        f"target accuracy {100 * k['target_accuracy']:g} %, "
         f"grad accum {k['grad_accum_steps']}, {k['precision']}, "
         f"{k['nodes']} node(s) × {k['gpus_per_node']} GPUs/node, "
         f"speed options: {k['speed_options']} | "
@@ -195,6 +196,9 @@ def notes(group: Group) -> list[str]:
     if group.key["gpus"]:
         return []
     return [f"Note: {COLUMNS[m].cpu_note}." for m in group.columns if COLUMNS[m].cpu_note]
+
+
+TIME_TO_ACCURACY = ("tta_s", "tta_data_s")  # NaN when no epoch reached the target
 
 
 def measured(group: Group) -> tuple[list[Figure], list[Figure]]:
@@ -241,8 +245,13 @@ def _markdown_group(group: Group) -> str:
     for figure in some:
         texts = [text for _, _, text in _cells(group, figure).values()]
         lines.append("| " + " | ".join([figure.label, *texts]) + " |")
-    if none:
-        names = ", ".join(dict.fromkeys(f.name for f in none))
+    reached = any(math.isfinite(v) for v in group.runs.get("tta_epoch", []))
+    unreached = [] if reached else [f for f in none if f.column in TIME_TO_ACCURACY]
+    if unreached:  # measured, but no run got there
+        target = f"{100 * group.key['target_accuracy']:g} %"
+        lines += ["", f"No run here reached the target accuracy ({target}): time to it left out."]
+    if others := [f for f in none if f not in unreached]:
+        names = ", ".join(dict.fromkeys(f.name for f in others))
         lines += ["", f"Not measured by any run here, so left out (null in csv/json): {names}."]
     if said := notes(group):
         lines += ["", *said]

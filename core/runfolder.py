@@ -200,6 +200,7 @@ def _meta(
         "run_id": run_id,
         "mode": cfg.mode,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created_at": time.time(),  # the same instant, on the clock of the records' `time`
         "launcher": launcher,
         "backend": backend,
         "job_id": None,
@@ -247,6 +248,7 @@ _META_FIELDS: dict[str, tuple[type, ...]] = {
     **dict.fromkeys(("jobs", "logs", "command"), (list,)),
     "config": (dict,),
     "cancel_requested": (bool, type(None)),
+    "created_at": (int, float),
 }
 
 

@@ -47,6 +47,21 @@ CASES = [
     Case("lr=0", ("train.lr=0",), ("train.lr=0.0 must be a positive number", "train.lr=0.01")),
     Case("momentum=-5", ("train.momentum=-5",), ("train.momentum=-5.0 must be in [0, 1)", "0.9")),
     Case("momentum=1", ("train.momentum=1",), ("train.momentum=1.0 must be in [0, 1)", "0.9")),
+    Case(
+        "target=0",
+        ("train.target_accuracy=0",),
+        ("train.target_accuracy=0.0 must be in (0, 1]", "0.985"),
+    ),
+    Case(
+        "target=98.5",
+        ("train.target_accuracy=98.5",),
+        ("train.target_accuracy=98.5 must be in (0, 1]", "a share"),
+    ),
+    Case(
+        "target=nan",
+        ("train.target_accuracy=nan",),
+        ("train.target_accuracy=nan must be in (0, 1]",),
+    ),
     Case("workers=-1", ("data.num_workers=-1",), ("data.num_workers=-1 must be between 0 and 64",)),
     Case("seed=-1", ("train.seed=-1",), ("train.seed=-1 must be between 0 and 4294967295",)),
     Case("port=99999", ("dist.port=99999",), ("dist.port=99999", "pick one in 1024–65535, or 0")),

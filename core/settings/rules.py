@@ -82,6 +82,11 @@ def validate(cfg: Config) -> None:
         )
     if not (math.isfinite(t.lr) and t.lr > 0):
         raise ConfigError(f"train.lr={t.lr} must be a positive number, e.g. train.lr=0.01")
+    if not 0 < t.target_accuracy <= 1:
+        raise ConfigError(
+            f"train.target_accuracy={t.target_accuracy} must be in (0, 1], a share of the test "
+            "set, e.g. train.target_accuracy=0.985"
+        )
     if not 0 <= t.momentum < 1:
         raise ConfigError(f"train.momentum={t.momentum} must be in [0, 1), e.g. 0.9 (0: none)")
     if cfg.dist.port and not 1024 <= cfg.dist.port <= 65535:
