@@ -91,6 +91,10 @@ FIGURES: tuple[Figure, ...] = (
     Figure("tta_data_s", "time to target accuracy from first data", "s", "time", "rank 0's first touch of the training data"),
     Figure("throughput", "throughput", "samples/s", "rate", "all ranks, steady state", digits=0),
     Figure("startup_s", "start-up", "s", "time", "slowest rank"),
+    Figure("energy_epoch_j", "energy per epoch", "J", "rate", "NVML, every card, training, median of epochs 2..N", digits=1),
+    Figure("energy_kilosample_j", "energy per 1,000 samples", "J", "rate", "NVML, every card, training, median of epochs 2..N", digits=3),
+    Figure("energy_run_j", "energy per run", "J", "rate", "NVML, every card, model built to the end", digits=0),
+    Figure("gpu_seconds", "GPU time per run", "GPU-s", "rate", "GPUs driven × each rank's time, last attempt", digits=1),
     Figure("step_ms_p50", "step time p50", "ms", "time", "data + compute, median over steady epochs"),
     Figure("step_ms_p90", "step time p90", "ms", "time", "data + compute, median over steady epochs"),
     *_cards("summary.gpus.util_pct", "GPU util", "%", "points", note="NVML: share of time a kernel ran", others="mean"),
@@ -413,6 +417,7 @@ def _row(
         "runs": 1,
         **_timing(epochs, starts),
         **_time_to_accuracy(ranks[0], cfg.train.target_accuracy, created),
+        **_energy(ranks, epochs),
         **_record_figures(ranks),
         "epoch_seconds": epochs["seconds"],  # for the plot: one value per epoch
     }
@@ -535,6 +540,33 @@ def _time_to_accuracy(rank0: Rank, target: float, created: float | None) -> dict
         "tta_data_s": reached - touched
         if touched is not None and reached > touched
         else NOT_MEASURED,
+    }
+
+
+def _energy(ranks: dict[int, Rank], epochs: Epochs) -> dict[str, float]:
+    """Joules (NVML's counter, every card of every rank) per steady epoch, per 1,000 samples,
+    per run; and GPU-seconds per run. NaN where a rank has no reading (no GPU, a card without
+    the counter, runs of older kits)."""
+    per_epoch: dict[int, float] = {}
+    for kinds in ranks.values():
+        for record in kinds.get("epoch", []):
+            joules, number = record.get("energy_j"), record.get("epoch")
+            if isinstance(number, int):  # NaN, and stays so, where any rank has none
+                per_epoch[number] = per_epoch.get(number, 0.0) + _number(joules)
+    steady = [(n, j) for n, j in sorted(per_epoch.items()) if n >= 2]
+    samples = dict(zip(epochs["epoch"], epochs["samples"], strict=True))
+    summaries = [(kinds.get("summary") or [{}])[-1] for kinds in ranks.values()]
+    starts = [(kinds.get("start") or [{}])[-1] for kinds in ranks.values()]
+    cards = [card.get("energy_j") for s in summaries for card in s.get("gpus") or [{}]]
+    gpus = [int(s.get("gpu_count") or 0) for s in starts]
+    seconds = [_number(s.get("total_seconds")) for s in summaries]
+    return {
+        "energy_epoch_j": _median([j for _, j in steady]),
+        "energy_kilosample_j": _median(
+            [1000 * _ratio(j, samples.get(float(n), NOT_MEASURED)) for n, j in steady]
+        ),
+        "energy_run_j": math.fsum(map(_number, cards)),  # NaN if one card has none
+        "gpu_seconds": math.fsum(map(operator.mul, gpus, seconds)) if all(gpus) else NOT_MEASURED,
     }
 
 

@@ -579,7 +579,8 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
             ("seconds", "samples_per_s", "train_loss", "test_loss", "test_accuracy"), _MAYBE_NUMBER
         ),
         **dict.fromkeys(
-            ("eval_seconds", "step_ms_p50", "step_ms_p90", "step_ms_p99"), _MAYBE_NUMBER
+            ("eval_seconds", "step_ms_p50", "step_ms_p90", "step_ms_p99", "energy_j"),
+            _MAYBE_NUMBER,
         ),
     },
     "progress": {**dict.fromkeys(("epoch", "batch", "batches"), _INT), "seconds": _NUMBER},

@@ -240,3 +240,24 @@ def test_a_second_compiled_job_of_the_workload_loads_the_first_ones_compile(
     assert firsts[1] < firsts[0] / 2, firsts
     saved = list((tmp_path / "runs" / "compile-cache").glob("*/cuda0.bin"))
     assert len(saved) == 2, saved  # one file per workload
+
+
+def test_energy_is_read_per_epoch_and_per_run(tmp_path: Path) -> None:
+    """NVML's counter: each epoch's training joules, and a run total that holds them (the total
+    also counts evaluation and start-up); the table shows the rows."""
+    run_dir = _submit(tmp_path, "--mode", "ddp", "data.train_size=16384", "train.epochs=3")
+    ranks = range(torch.cuda.device_count())
+    for rank in ranks:
+        epochs = [r for r in records(run_dir, rank) if r["kind"] == "epoch"]
+        summary = records(run_dir, rank)[-1]
+        assert all(e["energy_j"] > 0 for e in epochs), epochs
+        (card,) = summary["gpus"]
+        assert card["energy_j"] > sum(e["energy_j"] for e in epochs)
+    table = kit("analysis", "summarize", str(run_dir)).stdout
+    for row in (
+        "energy per epoch",
+        "energy per 1,000 samples",
+        "energy per run",
+        "GPU time per run",
+    ):
+        assert f"| {row} (" in table, table

@@ -98,6 +98,7 @@ def train(ctx: Context, started: float) -> dict[str, Any]:
         gpus.resume()
         figures, stop = _train_epoch(ctx, model, loader, step, progress)
         gpus.pause()
+        figures["energy_j"] = gpus.phase_j if figures.get("seconds") else None
         if stop:
             return stopping.stop(ctx, stop, progress, (model, optimizer, scaler))
         epochs.append(_end_epoch(ctx, model, test_loader, progress, figures))
