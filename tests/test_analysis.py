@@ -57,6 +57,7 @@ def _summarize(*args: str | Path, cwd: Path | None = None) -> tuple[int, str, st
 CPU_DP = "DP (one process, no DataParallel)"  # DP's heading in a group that ran on no GPU
 GPU_ROWS = ("GPU util main card", "GPU util other cards", "peak memory main card")
 LEFT_OUT = "Not measured by any run here, so left out (null in csv/json): {}."
+GPU_ONLY = ("energy_epoch_j", "energy_kilosample_j", "energy_run_j", "gpu_seconds")
 
 
 def _tables(markdown: str) -> dict[str, dict[str, list[str]]]:
@@ -91,11 +92,14 @@ def test_markdown_table_puts_dp_and_ddp_side_by_side(runs: dict[str, Path]) -> N
     measured = [
         f.label
         for f in FIGURES
-        if f.card is None and f.column not in ("largest_batch", "tta_s", "tta_data_s")
+        if f.card is None and f.column not in ("largest_batch", "tta_s", "tta_data_s", *GPU_ONLY)
     ]
     assert list(table) == measured
     assert "No run here reached the target accuracy (98.5 %): time to it left out." in out
-    gpu_rows = "GPU util main card, GPU util other cards, peak memory main card, peak memory "
+    gpu_rows = (
+        "energy per epoch, energy per 1,000 samples, energy per run, GPU time per run, "
+        "GPU util main card, GPU util other cards, peak memory main card, peak memory "
+    )
     assert LEFT_OUT.format(gpu_rows + "other cards, largest batch") in out.splitlines()
     assert "Note: without GPUs nn.DataParallel runs the bare model in one process" in out
     assert table["runs"] == ["1", "1", ""]

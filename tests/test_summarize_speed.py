@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -59,18 +58,16 @@ def test_copies_are_runs_of_their_own(sources: list[Path], tmp_path: Path) -> No
         assert not (copy / "checkpoints").exists()
 
 
-def test_a_thousand_runs_summarize_in_seconds(sources: list[Path], tmp_path: Path) -> None:
+def test_a_thousand_runs_are_read_into_one_group(sources: list[Path], tmp_path: Path) -> None:
+    """Their time is a benchmark (docs/benchmarks/summarize_speed.py), not an assertion here: a
+    loaded machine would fail a timed test that says nothing of the kit."""
     root = tmp_path / "runs"
     speed.copy_runs(sources, 1000, root)
-    _summarize(root)  # warm-up: bytecode and file cache, as a user's second call finds them
-    began = time.perf_counter()
     out = _summarize(root)
-    seconds = time.perf_counter() - began
     assert (
         "Runs used: DP (one process, no DataParallel): 500 runs, " in out
         and "DDP: 500 runs, " in out
     )
-    assert seconds <= 5, f"summarize of 1,000 runs took {seconds:.1f} s"
 
 
 def test_output_grows_with_groups_not_runs(sources: list[Path], tmp_path: Path) -> None:
