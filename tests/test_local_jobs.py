@@ -74,7 +74,8 @@ def test_run_folder_holds_config_meta_and_one_file_per_rank(
 @pytest.mark.parametrize("name", ["ddp", "ddp-accum"])
 def test_ddp_ranks_train_in_step(runs: dict[str, tuple[Path, str]], name: str) -> None:
     run_dir, _ = runs[name]
-    per_rank = [records(run_dir, rank) for rank in (0, 1)]
+    # Rank 0's progress records come every output.progress_s: on a slow machine, within epochs.
+    per_rank = [[r for r in records(run_dir, rank) if r["kind"] != "progress"] for rank in (0, 1)]
     for rank, recs in enumerate(per_rank):
         assert [r["kind"] for r in recs] == ["start", "epoch", "epoch", "summary"]
         start = recs[0]

@@ -49,7 +49,8 @@ def test_each_strategy_trains_with_its_ranks_in_step(
     """Both ranks end with the same parameters (ZeRO's owners broadcast their updates; a hook
     gives every rank the same decompressed average), and the loss falls."""
     run_dir = runs[1][name]
-    per_rank = [records(run_dir, rank) for rank in (0, 1)]
+    # Rank 0's progress records come every output.progress_s: on a slow machine, within epochs.
+    per_rank = [[r for r in records(run_dir, rank) if r["kind"] != "progress"] for rank in (0, 1)]
     for recs in per_rank:
         assert [r["kind"] for r in recs] == ["start", "epoch", "epoch", "summary"]
     assert per_rank[0][0]["mode"] == name.split("+")[0]
