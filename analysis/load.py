@@ -417,7 +417,7 @@ def _row(
         "runs": 1,
         **_timing(epochs, starts),
         **_time_to_accuracy(ranks[0], cfg.train.target_accuracy, created),
-        **_energy(ranks, epochs),
+        **_energy(ranks, epochs, starts),
         **_record_figures(ranks),
         "epoch_seconds": epochs["seconds"],  # for the plot: one value per epoch
     }
@@ -524,16 +524,14 @@ def _time_to_accuracy(rank0: Rank, target: float, created: float | None) -> dict
     reached = first["time"]
     start = rank0["start"][-1]
     parts = start.get("startup_parts") or {}
-    before_data = (
+    # The process began startup_s before its start record; it read data after these two parts.
+    began, imports, group = (
+        start.get("startup_s"),
         parts.get("python_and_imports"),
         parts.get("process_group"),
-        start.get("startup_s"),
     )
-    touched = (
-        start["time"] - before_data[2] + before_data[0] + before_data[1]
-        if all(isinstance(v, int | float) for v in before_data)
-        else None
-    )
+    known = all(isinstance(v, int | float) for v in (began, imports, group))
+    touched = start["time"] - began + imports + group if known else None
     return {
         "tta_epoch": float(first["epoch"]),
         "tta_s": reached - created if isinstance(created, int | float) else NOT_MEASURED,
@@ -543,7 +541,7 @@ def _time_to_accuracy(rank0: Rank, target: float, created: float | None) -> dict
     }
 
 
-def _energy(ranks: dict[int, Rank], epochs: Epochs) -> dict[str, float]:
+def _energy(ranks: dict[int, Rank], epochs: Epochs, starts: Records) -> dict[str, float]:
     """Joules (NVML's counter, every card of every rank) per steady epoch, per 1,000 samples,
     per run; and GPU-seconds per run. NaN where a rank has no reading (no GPU, a card without
     the counter, runs of older kits)."""
@@ -556,7 +554,6 @@ def _energy(ranks: dict[int, Rank], epochs: Epochs) -> dict[str, float]:
     steady = [(n, j) for n, j in sorted(per_epoch.items()) if n >= 2]
     samples = dict(zip(epochs["epoch"], epochs["samples"], strict=True))
     summaries = [(kinds.get("summary") or [{}])[-1] for kinds in ranks.values()]
-    starts = [(kinds.get("start") or [{}])[-1] for kinds in ranks.values()]
     cards = [card.get("energy_j") for s in summaries for card in s.get("gpus") or [{}]]
     gpus = [int(s.get("gpu_count") or 0) for s in starts]
     seconds = [_number(s.get("total_seconds")) for s in summaries]

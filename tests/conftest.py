@@ -95,6 +95,32 @@ def _first_job_id() -> int:
     return 1000 + worker * 10_000_000 + clock
 
 
+def namespaced_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    nodes: int,
+    ids_from: int,
+    timeout: float = 120,
+    **env: str,
+) -> Iterator[SlurmCluster]:
+    """A module's test cluster whose slurmd each run in a network namespace of their own
+    (TESTCLUSTER_NETNS=1), with job ids `ids_from` above this worker's own and any more
+    TESTCLUSTER_* settings; skipped where Slurm cannot run, stopped at the end."""
+    reason = _why_no_slurm()
+    if reason is not None:
+        pytest.skip(reason)
+    folder = tmp_path_factory.mktemp(name)
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in {"TESTCLUSTER_NETNS": "1", **env}.items():
+            patch.setenv(key, value)
+        patch.setenv("TESTCLUSTER_FIRST_JOB_ID", str(_first_job_id() + ids_from))
+        cluster = SlurmCluster.start(folder, nodes=nodes, timeout=timeout)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 class SharedRuns:
     """Runs that several test files compare against, made once per pytest session by whichever
     worker asks first; the others wait for it and take what it returned (kept as JSON)."""

@@ -22,8 +22,7 @@ PAYLOADS = [bytes([n]) * (3 << 20) for n in range(4)]  # 3 MB each: a write take
 
 def _writer(path: str, payload: int, times: int) -> None:
     for _ in range(times):
-        with compile_cache._locked(Path(path).parent / ".lock"):
-            compile_cache._write_whole(Path(path), PAYLOADS[payload])
+        compile_cache._store(Path(path), PAYLOADS[payload])
 
 
 def test_concurrent_writers_leave_one_whole_file_and_readers_never_see_half(

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import _first_job_id, _why_no_slurm
+from conftest import namespaced_cluster
 from kit import SMALL, kit
 from slurm_cluster import SlurmCluster
 
@@ -25,19 +25,10 @@ MAX_ARRAY_SIZE = 64  # the cluster's MaxArraySize: a 150-point sweep needs three
 
 @pytest.fixture(scope="module")
 def many(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    reason = _why_no_slurm()
-    if reason is not None:
-        pytest.skip(reason)
-    folder = tmp_path_factory.mktemp("many")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TESTCLUSTER_NETNS", "1")
-        patch.setenv("TESTCLUSTER_MAX_ARRAY_SIZE", str(MAX_ARRAY_SIZE))
-        patch.setenv("TESTCLUSTER_FIRST_JOB_ID", str(_first_job_id() + 6_000_000))
-        cluster = SlurmCluster.start(folder, nodes=NODES, timeout=240)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from namespaced_cluster(
+        tmp_path_factory, "many", nodes=NODES, ids_from=6_000_000, timeout=240,
+        TESTCLUSTER_MAX_ARRAY_SIZE=str(MAX_ARRAY_SIZE),
+    )  # fmt: skip
 
 
 def _task_envs(

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import _first_job_id, _why_no_slurm
+from conftest import namespaced_cluster
 from kit import REPO, kit, run_folder, wait_for
 from paced import LASTING
 from slurm_cluster import SlurmCluster, release_hold, wait_job_releasing_holds
@@ -29,18 +29,7 @@ WORK = ["data.train_size=2048", "data.test_size=256", "cluster.cpus_per_task=1"]
 def netns_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """Three nodes, node1–node3, each in its own namespace; Slurm marks a node that stops
     answering DOWN after 30 s (SlurmdTimeout) and requeues its jobs."""
-    reason = _why_no_slurm()
-    if reason is not None:
-        pytest.skip(reason)
-    folder = tmp_path_factory.mktemp("netns")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TESTCLUSTER_NETNS", "1")
-        patch.setenv("TESTCLUSTER_FIRST_JOB_ID", str(_first_job_id() + 5_000_000))
-        cluster = SlurmCluster.start(folder, nodes=3)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from namespaced_cluster(tmp_path_factory, "netns", nodes=3, ids_from=5_000_000)
 
 
 @pytest.fixture

@@ -27,12 +27,12 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from core import runfolder
 from core.settings.rules import per_rank_batch
 from core.settings.schema import Config
 
@@ -101,15 +101,20 @@ def save(path: Path) -> bool:
     saved = torch.compiler.save_cache_artifacts()
     if saved is None:
         return False
-    artifacts = saved[0]
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(path.parent / ".lock"):
-            _write_whole(path, artifacts)
+        _store(path, saved[0])
     except OSError as err:  # a full or read-only disk costs the next job a compile, no more
         log.warning("compile cache %s not saved (%s): the next job compiles again", path, err)
         return False
     return True
+
+
+def _store(path: Path, artifacts: bytes) -> None:
+    """Write the file whole (runfolder's atomic file: synced, renamed into place) while holding
+    the workload folder's lock, so one job writes at a time and readers see old or new."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path.parent / ".lock"), runfolder.atomic_file(path) as partial:
+        partial.write_bytes(artifacts)
 
 
 @contextlib.contextmanager
@@ -121,18 +126,3 @@ def _locked(lock: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
-
-
-def _write_whole(path: Path, data: bytes) -> None:
-    """Write beside the target, flush to disk, rename onto it: readers see old or new, whole."""
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
