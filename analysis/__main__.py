@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 # Neither imports pandas at the top: it loads while other processes read the runs (load_runs).
+from analysis.cache import path_for as cache_path
 from analysis.load import load_runs, resolve_run_dirs
 from analysis.table import FORMATS, Group, group_runs
 from core.cli import ArgumentParser, add_common_flags, main_of
@@ -74,6 +75,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE.png",
         help="also draw epoch times and throughput per strategy into this image",
     )
+    summarize.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="read every run afresh; by default a run unchanged since the last summary of the "
+        "same folders is not read again (the cache is under $XDG_CACHE_HOME/kit or ~/.cache/kit)",
+    )
     summarize.set_defaults(func=_summarize)
     return parser
 
@@ -84,7 +91,8 @@ def _summarize(args: argparse.Namespace) -> int:
     if args.plot and args.plot.suffix.lower() not in PLOT_SUFFIXES:
         raise UsageError(f"--plot {args.plot}: end the name in {' or '.join(PLOT_SUFFIXES)}")
     run_dirs = resolve_run_dirs(args.run_dirs, args.root)
-    runs, notes = load_runs(run_dirs, parallel=True)  # this module runs nothing on import
+    cache = None if args.no_cache else cache_path(args.run_dirs or [args.root])
+    runs, notes = load_runs(run_dirs, parallel=True, cache=cache)  # nothing runs on import here
     groups, alone = group_runs(runs)
     # Warnings, skipped runs, largest-batch runs in no table: on stderr, stdout stays a clean table.
     for note in [*notes, *alone]:

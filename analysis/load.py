@@ -13,8 +13,9 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
+from analysis.cache import Kept
 from core import runfolder, strategies
 from core.errors import KitError
 from core.settings.rules import world_size
@@ -203,19 +204,32 @@ def _runs_in(path: Path) -> list[Path]:
     return found
 
 
-def load_runs(run_dirs: Iterable[Path], parallel: bool = False) -> tuple[pd.DataFrame, list[str]]:
+def load_runs(
+    run_dirs: Iterable[Path], parallel: bool = False, cache: Path | None = None
+) -> tuple[pd.DataFrame, list[str]]:
     """One row per finished run (sorted by run id), and a note per problem met on the way.
 
     parallel: with many runs, read them in other processes (one per CPU). Those may be spawned
     (see _start_method), so the caller's main module must not do its work on import
     (`if __name__ == "__main__":`).
+    cache: a file of results from an earlier call (`analysis.cache`): runs unchanged since are
+    not read again; the file is brought up to date.
     """
-    results = _read_runs(list(run_dirs), parallel)  # other processes may start reading now …
+    run_dirs = list(run_dirs)
+    kept = Kept(cache)
+    known = [kept.get(run_dir) for run_dir in run_dirs]
+    todo = [i for i, result in enumerate(known) if result is None]
+    fresh = _read_runs([run_dirs[i] for i in todo], parallel)  # other processes may start now …
     import pandas as pd  # … while this one loads pandas
 
+    for i, (fingerprint, result) in zip(todo, fresh, strict=True):
+        known[i] = result
+        kept.put(run_dirs[i], fingerprint, result)
+    kept.keep_only(run_dirs)
+    kept.save()
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
-    for row, run_notes in results:
+    for row, run_notes in cast(list[Result], known):
         notes += run_notes
         if row is not None:
             rows.append(row)
@@ -229,15 +243,22 @@ CHUNK = 250  # runs per task: few messages, and the processes end close together
 MAX_PROCESSES = 8
 
 
-def _read_runs(run_dirs: list[Path], parallel: bool) -> Iterator[Result]:
-    """read_run of every folder, in order; spread over processes when asked and there are many.
+Read = tuple[Any, Result]  # a run's fingerprint as it was read, and what was read
+
+
+def _read(run_dir: Path) -> Read:
+    return runfolder.fingerprint(run_dir), read_run(run_dir)  # a change meanwhile: read again
+
+
+def _read_runs(run_dirs: list[Path], parallel: bool) -> Iterator[Read]:
+    """_read of every folder, in order; spread over processes when asked and there are many.
 
     Most of the time goes into parsing JSON, which holds the GIL: processes, not threads.
     """
     many = parallel and len(run_dirs) >= PARALLEL_FROM
     processes = min(MAX_PROCESSES, _cpus()) if many else 1
     if processes < 2:
-        return map(read_run, run_dirs)
+        return map(_read, run_dirs)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -262,7 +283,7 @@ def _start_method() -> str:
     return "fork" if threads == 1 and "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def _in_order(pool: Executor, chunks: Iterator[list[Result]]) -> Iterator[Result]:
+def _in_order(pool: Executor, chunks: Iterator[list[Read]]) -> Iterator[Read]:
     try:
         for chunk in chunks:
             yield from chunk
@@ -270,8 +291,8 @@ def _in_order(pool: Executor, chunks: Iterator[list[Result]]) -> Iterator[Result
         pool.shutdown(cancel_futures=True)
 
 
-def _read_chunk(run_dirs: list[Path]) -> list[Result]:
-    return [read_run(run_dir) for run_dir in run_dirs]
+def _read_chunk(run_dirs: list[Path]) -> list[Read]:
+    return [_read(run_dir) for run_dir in run_dirs]
 
 
 def _cpus() -> int:

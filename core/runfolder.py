@@ -459,6 +459,34 @@ def find_for_job(root: Path, job_id: str) -> Path | None:
 # --- per-rank records ---------------------------------------------------------------------
 
 
+def fingerprint(run_dir: Path) -> tuple[object, ...] | None:
+    """What a reader's view of the run depends on, from a few system calls and no reading: the
+    identity, size and modification time of run.json and of every rank's records file. Any
+    write the kit makes changes it (records are appended, run.json is replaced whole). None
+    where the folder cannot be read."""
+    folder = os.fspath(run_dir)
+    try:
+        meta = os.stat(os.path.join(folder, META))
+    except OSError:
+        return None
+    try:
+        with os.scandir(os.path.join(folder, METRICS)) as entries:
+            files = [_identity(entry) for entry in entries if _RECORDS.fullmatch(entry.name)]
+    except FileNotFoundError:  # no records yet
+        files = []
+    except OSError:
+        return None
+    return (meta.st_ino, meta.st_size, meta.st_mtime_ns, *sorted(files))
+
+
+_RECORDS = re.compile(r"rank-\d+\.jsonl")
+
+
+def _identity(entry: os.DirEntry[str]) -> tuple[str, int, int, int]:
+    got = entry.stat()
+    return entry.name, got.st_ino, got.st_size, got.st_mtime_ns
+
+
 def metrics_path(run_dir: Path, rank: int) -> Path:
     return run_dir / METRICS / f"rank-{rank:05d}.jsonl"
 

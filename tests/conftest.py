@@ -80,6 +80,13 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
 
 
 @pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's `summarize` keeps its cache (analysis.cache) beside the test's own folder,
+    never in the user's home and never shared with another test."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path.parent / f"{tmp_path.name}-cache"))
+
+
+@pytest.fixture(autouse=True)
 def _slurm_for_marked_tests(request: pytest.FixtureRequest) -> None:
     """A test marked `slurm` gets the cluster (and its skip or failure) even when it does not
     ask for the fixture by name."""

@@ -14,14 +14,25 @@ from typing import Any
 
 PACE_S = 0.6  # per forward pass: 6 steps an epoch make about 4 s
 PACED = "model.name=tests.paced:convnet"  # the setting that picks it
+# Twice the pace: 12 epochs of `test_resume.WORK` take about 115 s, longer than a 2-minute job
+# trains before its 30-s lead even where the job starts in no time.
+SLOW_PACED = "model.name=tests.paced:slow_convnet"
 # A run that must still be training when a test strikes (a signal, a cancel, a stall): 6 paced
 # steps an epoch on 384 samples, about 4 s, whatever the machine's load; add train.epochs.
 LASTING = ["data.train_size=384", "data.test_size=128", "train.global_batch_size=64", PACED]
 
 
 def convnet(shape: tuple[int, ...], classes: int) -> Any:
+    return _paced(shape, classes, PACE_S)
+
+
+def slow_convnet(shape: tuple[int, ...], classes: int) -> Any:
+    return _paced(shape, classes, 2 * PACE_S)
+
+
+def _paced(shape: tuple[int, ...], classes: int, seconds: float) -> Any:
     from train.model import ConvNet
 
     model = ConvNet(shape, classes)
-    model.register_forward_pre_hook(lambda module, args: time.sleep(PACE_S))
+    model.register_forward_pre_hook(lambda module, args: time.sleep(seconds))
     return model

@@ -105,7 +105,7 @@ class SlurmCluster:
             check=False,
         )
 
-    def wait_job(self, job_id: str | int, timeout: float = 60) -> str:
+    def wait_job(self, job_id: str | int, timeout: float = 300) -> str:
         """`wait_job` for a job of this cluster."""
         return wait_job(job_id, timeout, env=self.env)
 
@@ -127,9 +127,10 @@ def job_state(job_id: str | int, env: dict[str, str] | None = None) -> str | Non
     return words[0]
 
 
-def wait_job(job_id: str | int, timeout: float = 60, env: dict[str, str] | None = None) -> str:
+def wait_job(job_id: str | int, timeout: float = 300, env: dict[str, str] | None = None) -> str:
     """Wait until the job has ended and return its final sacct state (COMPLETED, FAILED,
-    CANCELLED, TIMEOUT, ...). SLURM_CONF comes from `env` or else from os.environ.
+    CANCELLED, TIMEOUT, ...). The default timeout allows for a loaded 2-core machine, where a
+    training job's start alone can take half a minute. SLURM_CONF comes from `env` or else from os.environ.
     Raises TimeoutError with the last state seen when the job has not ended in time."""
     deadline = time.monotonic() + timeout
     state = None

@@ -6,6 +6,7 @@ import io
 import json
 import math
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -422,3 +423,50 @@ def test_time_to_accuracy_counts_from_submission_and_from_the_first_touch_of_dat
     best = max(e["test_accuracy"] for e in ranks[0]["epoch"])
     missed = load._time_to_accuracy(ranks[0], best + 0.001, meta["created_at"])
     assert all(math.isnan(v) for v in missed.values())
+
+
+def _cache_file() -> Path:
+    (cached,) = (Path(os.environ["XDG_CACHE_HOME"]) / "kit" / "summarize").iterdir()
+    return cached
+
+
+def test_a_second_summary_reads_again_only_the_runs_that_changed(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """The cache's results are used while a run is unchanged (shown by a figure planted in it),
+    a run that changed is read afresh, and --no-cache reads every run."""
+    root = tmp_path / "runs"
+    dp, _ = _copy(runs["dp"], root), _copy(runs["ddp"], root)
+    code, first, err = _summarize("--root", root)
+    assert code == 0, err
+    cached = _cache_file()
+    assert cached.stat().st_mode & 0o777 == 0o600  # a pickle: its owner's alone
+    kept = pickle.loads(cached.read_bytes())
+    fingerprint, (row, notes) = kept["entries"][str(dp)]
+    kept["entries"][str(dp)] = (fingerprint, ({**row, "final_test_accuracy": 12.34}, notes))
+    cached.write_bytes(pickle.dumps(kept))
+    accuracy = LABELS["final_test_accuracy"]
+    planted = next(iter(_tables(_summarize("--root", root)[1]).values()))[accuracy][0]
+    assert planted == "12.34", planted  # taken from the cache, not read
+    assert _summarize("--root", root, "--no-cache")[1] == first
+    runfolder.RecordWriter(dp, 0).write("notice", text="a later attempt's word")
+    assert _summarize("--root", root)[1] == first  # changed: read afresh
+
+
+def test_a_damaged_cache_is_passed_over_and_replaced(runs: dict[str, Path], tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    for mode in ("dp", "ddp"):
+        _copy(runs[mode], root)
+    first = _summarize("--root", root)[1]
+    cached = _cache_file()
+    cached.write_bytes(b"not a pickle")
+    code, out, err = _summarize("--root", root)
+    assert (code, out, err) == (0, first, "")
+    assert pickle.loads(cached.read_bytes())["entries"]  # written whole again
+    if os.getuid() == 0:  # someone else's file is never unpickled
+        kept = pickle.loads(cached.read_bytes())
+        for key, (fingerprint, (row, notes)) in kept["entries"].items():
+            kept["entries"][key] = (fingerprint, ({**row, "final_test_accuracy": 12.34}, notes))
+        cached.write_bytes(pickle.dumps(kept))
+        os.chown(cached, 65534, 65534)
+        assert _summarize("--root", root)[1] == first

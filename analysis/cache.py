@@ -1,0 +1,107 @@
+"""Runs already read, kept for the next `summarize` of the same folders.
+
+Reading a run costs about half a millisecond, mostly parsing JSON: 100,000 runs take most of a
+minute on two cores. A sweep is summarized again and again as its runs finish, and most of them
+have not changed since the last call. So each run's result is kept with its fingerprint
+(`core.runfolder.fingerprint`: identity, size and modification time of its files, a few system
+calls) and used again only while the fingerprint is unchanged and the code that read it is the
+same. Anything else is read afresh, as without the cache.
+
+The cache is the user's: one file per set of folders summarized, under $XDG_CACHE_HOME/kit
+(else ~/.cache/kit), readable by its owner alone (it is a pickle: only this user can plant one).
+A cache that cannot be read or written is passed over: never an error, never a wrong row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pickle
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from core import runfolder
+
+VERSION = 1
+_PACKAGES = ("analysis", "core")  # the code a result depends on
+
+
+class Kept:
+    """The results of an earlier call, by run folder, and this call's to keep (path None: none
+    kept, none read)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.entries: dict[str, tuple[Any, Any]] = _load(path) if path else {}
+        self.changed = False
+
+    def get(self, run_dir: Path) -> Any:
+        """The result kept for this run folder, or None where it may have changed since."""
+        kept = self.entries.get(os.fspath(run_dir))
+        if kept is None or kept[0] != runfolder.fingerprint(run_dir):
+            return None
+        return kept[1]
+
+    def put(self, run_dir: Path, fingerprint: Any, result: Any) -> None:
+        """Keep a result read from the run as `fingerprint` says it was (None: unreadable)."""
+        if self.path is not None and fingerprint is not None:
+            self.entries[os.fspath(run_dir)] = (fingerprint, result)
+            self.changed = True
+
+    def keep_only(self, run_dirs: Sequence[Path]) -> None:
+        """Forget runs not summarized this time (deleted, or moved away)."""
+        if len(self.entries) > len(run_dirs):
+            wanted = {os.fspath(run_dir) for run_dir in run_dirs}
+            self.entries = {k: v for k, v in self.entries.items() if k in wanted}
+            self.changed = True
+
+    def save(self) -> None:
+        if self.path is None or not self.changed:
+            return
+        with contextlib.suppress(OSError):
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with runfolder.atomic_file(self.path) as partial:
+                partial.chmod(0o600)
+                with partial.open("wb") as f:
+                    pickle.dump(_header() | {"entries": self.entries}, f, protocol=5)
+
+
+def path_for(paths: Sequence[Path]) -> Path | None:
+    """The cache file of a summary of these folders; None where no cache folder can be named."""
+    try:
+        home = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    except RuntimeError:  # no home folder to be found
+        return None
+    named = "\n".join(sorted(os.fspath(path.resolve()) for path in paths))
+    key = hashlib.sha256(named.encode()).hexdigest()[:24]
+    return Path(home) / "kit" / "summarize" / f"{key}.pickle"
+
+
+def _load(path: Path) -> dict[str, tuple[Any, Any]]:
+    try:
+        with path.open("rb") as f:
+            if os.fstat(f.fileno()).st_uid != os.getuid():
+                return {}  # someone else's file: not unpickled
+            kept = pickle.load(f)
+        if not isinstance(kept, dict) or any(kept.get(k) != v for k, v in _header().items()):
+            return {}
+    except Exception:  # missing, damaged, stale, or from another Python: read the runs afresh
+        return {}
+    entries = kept.get("entries")
+    return entries if isinstance(entries, dict) else {}
+
+
+def _header() -> dict[str, Any]:
+    return {"version": VERSION, "code": _code_digest()}
+
+
+def _code_digest() -> str:
+    """A digest of the reading code's sources: a kit changed in any way reads its runs afresh."""
+    digest = hashlib.sha256()
+    for package in _PACKAGES:
+        folder = Path(__file__).resolve().parent.parent / package
+        for source in sorted(folder.rglob("*.py")):
+            digest.update(source.name.encode() + source.read_bytes())
+    return digest.hexdigest()
