@@ -598,6 +598,7 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
         "compile_cache": _MAYBE_TEXT,
         "startup_parts": (dict, type(None)),
         "resumed_at_batch": _MAYBE_INT,
+        "bytecode_cached": (bool, type(None)),
     },
     "epoch": {
         "epoch": _INT,

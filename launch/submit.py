@@ -744,7 +744,16 @@ def _started_words(start: dict[str, Any]) -> str:
     return (
         f"{start.get('world_size', '?')} rank(s) started{took}" + (f" ({spent})" if spent else "")
         + f"; training on {start.get('device', '?')}"
+        + (_NO_BYTECODE if start.get("bytecode_cached") is False else "")
     )  # fmt: skip
+
+
+_NO_BYTECODE = (
+    "; torch was compiled from its sources as each rank started (Python writes no bytecode "
+    "here: PYTHONDONTWRITEBYTECODE or -B, and none was cached), seconds of every start: unset "
+    "it in the job's environment, with PYTHONPYCACHEPREFIX set to a writable folder where "
+    "site-packages is read-only"
+)
 
 
 def _first_epoch_words(cfg: Config) -> str:

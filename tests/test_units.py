@@ -459,3 +459,24 @@ def test_an_array_element_that_never_started_takes_its_arrays_record() -> None:
     assert found == {"70_3": cancelled, "70_9": cancelled, "70_2": None, "71_5": cancelled,
                      "71_3": None}  # fmt: skip
     assert _unstarted("70", arrays) is None  # a plain job id is no element
+
+
+def test_a_start_without_bytecode_is_said_with_its_fix(tmp_path: Path) -> None:
+    """A rank whose Python writes no bytecode and finds none (PYTHONDONTWRITEBYTECODE and an
+    empty PYTHONPYCACHEPREFIX: what a read-only install without caches gives) records it, and
+    `--wait`'s start line says what it costs and how to fix it; a rank of the kit's own venv
+    imports torch from its bytecode cache and says nothing of it."""
+    from launch.submit import _started_words
+
+    probe = "from train.process import bytecode_cached; print(bytecode_cached())"
+    bare = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": str(tmp_path)}
+    for env, expected in ((bare, "False"), (os.environ, "True")):
+        done = subprocess.run([sys.executable, "-c", probe], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.stdout.strip() == expected, done.stderr
+    assert not any(tmp_path.iterdir())  # nothing written: the start would be as slow next time
+    start = {"world_size": 2, "startup_s": 9.5, "device": "cuda:0"}
+    said = _started_words({**start, "bytecode_cached": False})
+    assert "torch was compiled from its sources" in said and "unset it" in said
+    assert said.startswith(_started_words({**start, "bytecode_cached": True}))
+    assert _started_words({**start, "bytecode_cached": True}) == _started_words(start)

@@ -102,10 +102,7 @@ def _run(cfg: Config, env: distenv.DistEnv, run_dir: Path, started: float) -> di
         entered = time.time()  # interpreter, imports and the config are behind us
         stops = stopping.StopSignals()
         stops.end_at_cancel(run_dir, env.rank)
-        ctx = _setup(cfg, env, run_dir, stops)
-        ctx.startup["python_and_imports"] = round(entered - started, 3)
-        ctx.last_mark = entered
-        ctx.lap("process_group")
+        ctx = _setup(cfg, env, run_dir, stops, started, entered)
         stopping.arm(ctx)
         if cfg.task == Task.largest_batch:
             from train import largest_batch  # its worker machinery only where it searches
@@ -185,8 +182,16 @@ def check_launch(cfg: Config, env: distenv.DistEnv, environ: dict[str, str] | No
 
 
 def _setup(
-    cfg: Config, env: distenv.DistEnv, run_dir: Path, stops: stopping.StopSignals
+    cfg: Config,
+    env: distenv.DistEnv,
+    run_dir: Path,
+    stops: stopping.StopSignals,
+    started: float,
+    entered: float,
 ) -> Context:
+    """The run's context: its device (with the CUDA context made, a start-up part of its own)
+    and, for a strategy of one process per GPU, the process group; the start-up parts so far
+    (the process `started`, and `entered` the kit's code with its imports done)."""
     device, gpus = _pick_device(cfg, env)
     torch.set_num_threads(_cpu_threads(cfg, env))
     log.debug(
@@ -198,13 +203,18 @@ def _setup(
     torch.backends.cudnn.benchmark = cfg.train.cudnn_benchmark
     # The same initial weights everywhere (DDP broadcasts rank 0's anyway).
     torch.manual_seed(cfg.train.seed)
+    writer = runfolder.RecordWriter(run_dir, env.rank)
+    imports = {"python_and_imports": round(entered - started, 3)}
+    ctx = Context(cfg, env, device, gpus, run_dir, writer, stops, imports, last_mark=entered)
     # The largest-batch search runs its steps in worker processes: this one keeps off the GPUs
     # (no context, no communicator) and joins the others over gloo.
     searching = cfg.task == Task.largest_batch
+    if device.type == "cuda" and not searching:
+        torch.cuda.set_device(device)
+        torch.empty(0, device=device)  # the CUDA context, made here rather than by the data
+        ctx.lap("cuda_context")
     if strategies.of(cfg).per_gpu:
         env.export()
-        if device.type == "cuda" and not searching:
-            torch.cuda.set_device(device)
         log.debug(
             "rank %d: rendezvous at %s:%s, %d rank(s), timeout %d s",
             env.rank, env.master_addr, env.master_port, env.world_size, cfg.dist.timeout_s,
@@ -215,9 +225,8 @@ def _setup(
             **_rendezvous(env, timeout),
         )  # fmt: skip
         stops.join()
-    return Context(
-        cfg, env, device, gpus, run_dir, runfolder.RecordWriter(run_dir, env.rank), stops
-    )
+    ctx.lap("process_group")
+    return ctx
 
 
 def _rendezvous(env: distenv.DistEnv, timeout: datetime.timedelta) -> dict[str, Any]:

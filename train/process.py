@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import os
 import platform
 import socket
@@ -92,7 +93,17 @@ def start_record(ctx: Context, train_samples: int, test_samples: int) -> dict[st
         "dataset": cfg.data.dataset,
         "train_samples": train_samples,
         "test_samples": test_samples,
+        "bytecode_cached": bytecode_cached(),
     }
+
+
+def bytecode_cached() -> bool:
+    """Whether torch was imported from Python's bytecode cache. Where Python writes none
+    (PYTHONDONTWRITEBYTECODE, `python -B`) and finds none, every rank compiles torch's sources as it
+    starts: on the H200 machine, 9.5 s from `launch submit` to the first step against 4.6 s
+    (docs/benchmarks/startup-h200x1.md)."""
+    cached = importlib.util.cache_from_source(torch.__file__)  # where PYTHONPYCACHEPREFIX says
+    return os.path.exists(cached)
 
 
 def workload_record(ctx: Context, shape: workloads.Shape, classes: int) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from train import data
+from core import datafiles
 
 
 def kit(out: Path, gpus: int) -> dict[str, float]:
@@ -40,7 +40,7 @@ def kit(out: Path, gpus: int) -> dict[str, float]:
 
 
 def bare(out: Path, gpus: int) -> dict[str, float]:
-    folder = data.dataset_dir("synthetic", out / "data", 0, 60000, 10000)
+    folder = datafiles.dataset_dir("synthetic", out / "data", 0, 60000, 10000)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={gpus}", "docs/benchmarks/bare_ddp.py", str(folder)]  # fmt: skip
     started = time.time()
