@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import os
 import pickle
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -58,14 +59,19 @@ class Kept:
             self.changed = True
 
     def save(self) -> None:
-        if self.path is None or not self.changed:
+        """Write the results kept, where they changed; either way the file counts as used."""
+        if self.path is None:
             return
         with contextlib.suppress(OSError):
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with runfolder.atomic_file(self.path) as partial:
-                partial.chmod(0o600)
-                with partial.open("wb") as f:
-                    pickle.dump(_header() | {"entries": self.entries}, f, protocol=5)
+            if self.changed:
+                with runfolder.atomic_file(self.path) as partial:
+                    partial.chmod(0o600)
+                    with partial.open("wb") as f:
+                        pickle.dump(_header() | {"entries": self.entries}, f, protocol=5)
+            else:
+                os.utime(self.path)
+            _forget_unused(self.path.parent)
 
 
 def path_for(paths: Sequence[Path]) -> Path | None:
@@ -77,6 +83,18 @@ def path_for(paths: Sequence[Path]) -> Path | None:
     named = "\n".join(sorted(os.fspath(path.resolve()) for path in paths))
     key = hashlib.sha256(named.encode()).hexdigest()[:24]
     return Path(home) / "kit" / "summarize" / f"{key}.pickle"
+
+
+UNUSED_DAYS = 30  # a summary's cache not written for this long is deleted
+
+
+def _forget_unused(folder: Path) -> None:
+    """Delete the caches of folders not summarized for UNUSED_DAYS (each is written on use)."""
+    oldest = time.time() - UNUSED_DAYS * 86400
+    for cached in folder.glob("*.pickle"):
+        with contextlib.suppress(OSError):
+            if cached.stat().st_mtime < oldest:
+                cached.unlink()
 
 
 def _load(path: Path) -> dict[str, tuple[Any, Any]]:

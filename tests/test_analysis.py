@@ -9,6 +9,7 @@ import os
 import pickle
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -454,15 +455,21 @@ def test_a_second_summary_reads_again_only_the_runs_that_changed(
 
 
 def test_a_damaged_cache_is_passed_over_and_replaced(runs: dict[str, Path], tmp_path: Path) -> None:
+    """… and another folder's cache, not used for a month, is deleted."""
     root = tmp_path / "runs"
     for mode in ("dp", "ddp"):
         _copy(runs[mode], root)
     first = _summarize("--root", root)[1]
     cached = _cache_file()
+    unused = cached.with_name("0" * 24 + ".pickle")
+    unused.write_bytes(cached.read_bytes())
+    month_ago = time.time() - 31 * 86400
+    os.utime(unused, (month_ago, month_ago))
     cached.write_bytes(b"not a pickle")
     code, out, err = _summarize("--root", root)
     assert (code, out, err) == (0, first, "")
     assert pickle.loads(cached.read_bytes())["entries"]  # written whole again
+    assert not unused.exists()
     if os.getuid() == 0:  # someone else's file is never unpickled
         kept = pickle.loads(cached.read_bytes())
         for key, (fingerprint, (row, notes)) in kept["entries"].items():
