@@ -37,7 +37,12 @@ log = logging.getLogger("train")
 # Why a job stops early, as agreed by all ranks; a larger code wins when ranks disagree.
 NONE, TIME_LIMIT, PREEMPTED = 0, 1, 2
 
-REASONS = {TIME_LIMIT: "time limit (SIGUSR2)", PREEMPTED: "preemption (SIGTERM)"}
+# SIGTERM is Slurm ending the job for any reason of its own: a preemption, an `scancel`, a
+# requeue after a node was lost; the reason names the signal first, and all of them.
+REASONS = {
+    TIME_LIMIT: "time limit (SIGUSR2)",
+    PREEMPTED: "SIGTERM (preemption, scancel or a lost node)",
+}
 
 _SIGNALS = {signal.SIGUSR2: TIME_LIMIT, signal.SIGTERM: PREEMPTED}
 
