@@ -212,10 +212,15 @@ def test_a_node_whose_link_goes_down_for_good_is_requeued_onto_healthy_nodes(
     assert _epochs(run_dir) == list(range(1, 7))
 
 
-def test_a_link_down_for_20_s_then_slow_and_lossy_costs_time_not_the_run(
+# Well below the test cluster's SlurmdTimeout (30 s): a cut of 20 s on a loaded machine was once
+# taken by Slurm's controller for a lost node, and the job requeued (what the node tests check).
+FLAP_S = 12
+
+
+def test_a_link_down_for_a_while_then_slow_and_lossy_costs_time_not_the_run(
     on_netns: SlurmCluster, tmp_path: Path
 ) -> None:
-    """Mid-epoch, rank 1's node loses its link for 20 s; once it is back, the node's link is
+    """Mid-epoch, rank 1's node loses its link for FLAP_S; once it is back, the node's link is
     throttled for the rest of the run (50 Mbit/s, up to 200 ms queued: tbf) and drops 5 % of
     what it sends (nftables; this kernel has no netem). Gloo's connections ride both out within
     dist.timeout_s: the job slows, and completes with every epoch once and its ranks in step."""
@@ -226,7 +231,7 @@ def test_a_link_down_for_20_s_then_slow_and_lossy_costs_time_not_the_run(
     link = _links(on_netns)[node]
     try:
         subprocess.run(["ip", "link", "set", link, "down"], check=True)
-        time.sleep(20)
+        time.sleep(FLAP_S)
         subprocess.run(["ip", "link", "set", link, "up"], check=True)
         assert wait_for(lambda: len(_epochs(run_dir)) >= 3, 120), "no epoch after the flap"
         _in_namespace(on_netns, node, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
@@ -242,8 +247,8 @@ def test_a_link_down_for_20_s_then_slow_and_lossy_costs_time_not_the_run(
     assert "failed" not in out and "Slurm says" not in out, out  # no rank gave up
     assert _epochs(run_dir) == list(range(1, epochs + 1)) == _epochs(run_dir, 1)
     ends = [e["time"] for e in runfolder.of_kind(runfolder.read_rank(run_dir, 0), "epoch")]
-    # The flap was felt: it held up one epoch's steps or the scoring after it for 20 s or more.
-    assert max(b - a for a, b in itertools.pairwise(ends)) >= 20, ends
+    # The flap was felt: it held up one epoch's steps or the scoring after it as long or more.
+    assert max(b - a for a, b in itertools.pairwise(ends)) >= FLAP_S, ends
     assert int(dropped.split("counter packets ")[1].split()[0]) > 0, dropped  # loss was real
     summaries = [runfolder.of_kind(runfolder.read_rank(run_dir, r), "summary")[-1] for r in (0, 1)]
     assert summaries[0]["parameters_sha256"] == summaries[1]["parameters_sha256"]
