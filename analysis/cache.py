@@ -15,6 +15,7 @@ A cache that cannot be read or written is passed over: never an error, never a w
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import pickle
@@ -115,8 +116,10 @@ def _header() -> dict[str, Any]:
     return {"version": VERSION, "code": _code_digest()}
 
 
+@functools.cache
 def _code_digest() -> str:
-    """A digest of the reading code's sources: a kit changed in any way reads its runs afresh."""
+    """A digest of the reading code's sources: a kit changed in any way reads its runs afresh.
+    Once a process: the load and the save of one call compare the same code."""
     digest = hashlib.sha256()
     for package in _PACKAGES:
         folder = Path(__file__).resolve().parent.parent / package

@@ -471,15 +471,12 @@ def fingerprint(run_dir: Path) -> tuple[object, ...] | None:
         return None
     try:
         with os.scandir(os.path.join(folder, METRICS)) as entries:
-            files = [_identity(entry) for entry in entries if _RECORDS.fullmatch(entry.name)]
+            files = [_identity(entry) for entry in entries if _rank_of(entry.name) is not None]
     except FileNotFoundError:  # no records yet
         files = []
     except OSError:
         return None
     return (meta.st_ino, meta.st_size, meta.st_mtime_ns, *sorted(files))
-
-
-_RECORDS = re.compile(r"rank-\d+\.jsonl")
 
 
 def _identity(entry: os.DirEntry[str]) -> tuple[str, int, int, int]:
@@ -499,10 +496,17 @@ def rank_files(run_dir: Path) -> dict[int, Path]:
         return {}
     files = {}
     for entry in entries:
-        name = entry.name
-        if name.startswith("rank-") and name.endswith(".jsonl") and name[5:-6].isdigit():
-            files[int(name[5:-6])] = Path(entry.path)
+        rank = _rank_of(entry.name)
+        if rank is not None:
+            files[rank] = Path(entry.path)
     return dict(sorted(files.items()))
+
+
+def _rank_of(name: str) -> int | None:
+    """The rank whose records file this is (rank-00003.jsonl: 3); None for any other file."""
+    if name.startswith("rank-") and name.endswith(".jsonl") and name[5:-6].isdigit():
+        return int(name[5:-6])
+    return None
 
 
 class RecordWriter:

@@ -130,8 +130,8 @@ def job_state(job_id: str | int, env: dict[str, str] | None = None) -> str | Non
 def wait_job(job_id: str | int, timeout: float = 300, env: dict[str, str] | None = None) -> str:
     """Wait until the job has ended and return its final sacct state (COMPLETED, FAILED,
     CANCELLED, TIMEOUT, ...). The default timeout allows for a loaded 2-core machine, where a
-    training job's start alone can take half a minute. SLURM_CONF comes from `env` or else from os.environ.
-    Raises TimeoutError with the last state seen when the job has not ended in time."""
+    training job's start alone can take half a minute. SLURM_CONF comes from `env` or else from
+    os.environ. Raises TimeoutError with the last state seen when the job has not ended in time."""
     deadline = time.monotonic() + timeout
     state = None
     while True:
