@@ -543,7 +543,21 @@ def _time_to_accuracy(rank0: Rank, target: float, created: float | None) -> dict
     if first is None:
         return {"tta_epoch": NOT_MEASURED, "tta_s": NOT_MEASURED, "tta_data_s": NOT_MEASURED}
     reached = first["time"]
-    start = rank0["start"][-1]
+    touched = _data_touched(rank0["start"][-1])
+    return {
+        "tta_epoch": float(first["epoch"]),
+        "tta_s": reached - created if isinstance(created, int | float) else NOT_MEASURED,
+        "tta_data_s": reached - touched
+        if touched is not None and reached > touched
+        else NOT_MEASURED,
+    }
+
+
+def _data_touched(start: dict[str, Any]) -> float | None:
+    """When rank 0 began reading the training data: its start record says so; in runs of older
+    kits, which read it right after the process group, the start-up parts tell."""
+    if isinstance(touched := start.get("data_touched"), int | float):
+        return float(touched)
     parts = start.get("startup_parts") or {}
     # The process began startup_s before its start record; it read data after these two parts.
     began, imports, group = (
@@ -552,14 +566,7 @@ def _time_to_accuracy(rank0: Rank, target: float, created: float | None) -> dict
         parts.get("process_group"),
     )
     known = all(isinstance(v, int | float) for v in (began, imports, group))
-    touched = start["time"] - began + imports + group if known else None
-    return {
-        "tta_epoch": float(first["epoch"]),
-        "tta_s": reached - created if isinstance(created, int | float) else NOT_MEASURED,
-        "tta_data_s": reached - touched
-        if touched is not None and reached > touched
-        else NOT_MEASURED,
-    }
+    return start["time"] - began + imports + group if known else None
 
 
 def _energy(ranks: dict[int, Rank], epochs: Epochs, starts: Records) -> dict[str, float]:

@@ -598,7 +598,7 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
         **dict.fromkeys(("train_samples", "test_samples", "epochs", "global_batch"), _INT),
         **dict.fromkeys(("host", "mode", "task", "backend", "torch"), _TEXT),
         **dict.fromkeys(("node", "job_id", "device_name"), _MAYBE_TEXT),
-        "startup_s": _MAYBE_NUMBER,
+        **dict.fromkeys(("startup_s", "data_touched"), _MAYBE_NUMBER),
         "compile_cache": _MAYBE_TEXT,
         "startup_parts": (dict, type(None)),
         "resumed_at_batch": _MAYBE_INT,

@@ -526,14 +526,14 @@ def follow(
     view = runfolder.read_rank(run_dir, 0) if resumed else []
     earlier = runfolder.of_kind(view, "start")  # the last attempt's start, if any
     shown = _Shown(len(runfolder.of_kind(view, "epoch")), earlier[0]["time"] if earlier else None)
-    shown.first_epoch = _first_epoch_words(runfolder.read_config(run_dir))
     progress = (lambda line: None) if quiet else say
     # A local job starts at once: say what it does until rank 0 has started (a Slurm job's
     # wait in the queue is said by _say_pending, its start by the start line).
     if shown.attempt is None and isinstance(job, submitit.LocalJob):
+        warm_up = _warm_up_words(runfolder.read_config(run_dir))
         progress(
-            f"starting {job.num_tasks} task(s): Python and torch, the data, the process group "
-            "(the first epoch follows)"
+            f"starting {job.num_tasks} task(s): Python and torch, the process group, the model"
+            f"{warm_up}, the data (the first epoch follows)"
         )
     said, look = "", time.monotonic() + PENDING_LOOK_S
     slurm_says = _SlurmWord(job, run_dir, say)
@@ -756,23 +756,26 @@ _NO_BYTECODE = (
 )
 
 
-def _first_epoch_words(cfg: Config) -> str:
-    """Why a first epoch may be long: the model compiled, or the step captured, in it."""
+def _warm_up_words(cfg: Config) -> str:
+    """What the start-up does beyond the plain path, so a long start is not taken for a hang:
+    the compile and the capture, on a random batch before the data (train.steps.warm_up)."""
     t = cfg.train
-    if t.compile:
-        return "; the first epoch compiles the model (torch.compile: minutes on a cold cache)"
-    if t.cuda_graph:
-        return "; the first epoch captures the step as CUDA graphs"
-    return ""
+    done = [
+        "compiled (torch.compile: minutes on a cold compile cache)" if t.compile else "",
+        "its step captured as CUDA graphs" if t.cuda_graph else "",
+    ]
+    return f" {' and '.join(filter(None, done))} on a random batch" if any(done) else ""
 
 
-def _cache_words(first_epoch: str, cache: object) -> str:
-    """The first epoch's words, where the compile cache says how long its compile takes."""
+def _cache_words(cache: object) -> str:
+    """What the start line says of the compile cache (with train.compile)."""
     if cache == "warm":
-        return "; the first epoch loads the compiled model from the compile cache (seconds)"
+        return "; its compile came from the compile cache"
     if cache == "cold":
-        return first_epoch + ", then saves it to the compile cache for the next job"
-    return first_epoch
+        return (
+            "; compiled afresh, saved to the compile cache after the first epoch for the next job"
+        )
+    return ""
 
 
 @dataclasses.dataclass
@@ -782,7 +785,6 @@ class _Shown:
     last: int = 0
     attempt: float | None = None
     progress: float = 0.0  # the time of the last progress record said
-    first_epoch: str = ""  # what the first epoch does besides training, said with the start
 
 
 def _show_epochs(run_dir: Path, shown: _Shown, say: Callable[[str], None]) -> None:
@@ -796,7 +798,7 @@ def _show_epochs(run_dir: Path, shown: _Shown, say: Callable[[str], None]) -> No
         first, batch = start.get("first_epoch", 1), start.get("resumed_at_batch", 0)
         if shown.attempt is not None:
             say(f"resumed at epoch {first}, batch {batch}")
-        say(_started_words(start) + _cache_words(shown.first_epoch, start.get("compile_cache")))
+        say(_started_words(start) + _cache_words(start.get("compile_cache")))
         shown.attempt, shown.last = start["time"], min(shown.last, first - 1)
     world, total = (start["world_size"], start["epochs"]) if start else (1, "?")
     for r in epochs[shown.last :]:

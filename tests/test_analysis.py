@@ -421,6 +421,7 @@ def test_time_to_accuracy_counts_from_submission_and_from_the_first_touch_of_dat
     # The process started after the submission, and read its data after its imports.
     assert reached["tta_s"] > reached["tta_data_s"] + start["startup_parts"]["python_and_imports"]
     assert reached["tta_data_s"] > first["seconds"]  # the first epoch lies inside it
+    assert reached["tta_data_s"] == pytest.approx(first["time"] - start["data_touched"])
     best = max(e["test_accuracy"] for e in ranks[0]["epoch"])
     missed = load._time_to_accuracy(ranks[0], best + 0.001, meta["created_at"])
     assert all(math.isnan(v) for v in missed.values())

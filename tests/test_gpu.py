@@ -224,7 +224,7 @@ def test_a_second_compiled_job_of_the_workload_loads_the_first_ones_compile(
     tmp_path: Path,
 ) -> None:
     """The first job compiles and saves its artifacts; the second job of the same workload, with
-    an Inductor folder of its own (another node), starts warm and spends less on its first epoch;
+    an Inductor folder of its own (another node), starts warm and spends less on its warm-up;
     a job of another batch size is another workload: cold."""
     settings = ["--mode", "ddp", *FAST, "train.compile=true", "train.epochs=1"]
     firsts, states = [], []
@@ -232,14 +232,43 @@ def test_a_second_compiled_job_of_the_workload_loads_the_first_ones_compile(
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / node))
             run_dir = _submit(tmp_path, *settings, f"train.global_batch_size={batch}")
-        kinds = {r["kind"]: r for r in reversed(records(run_dir, 0))}  # each kind's first
-        start, epoch = kinds["start"], kinds["epoch"]
+        start = next(r for r in records(run_dir, 0) if r["kind"] == "start")
         states.append(start["compile_cache"])
-        firsts.append(epoch["seconds"])
+        firsts.append(start["startup_parts"]["warm_up"])  # the compile, on a random batch
     assert states == ["cold", "warm", "cold"]
     assert firsts[1] < firsts[0] / 2, firsts
     saved = list((tmp_path / "runs" / "compile-cache").glob("*/cuda0.bin"))
     assert len(saved) == 2, saved  # one file per workload
+
+
+def test_warm_up_then_captured_steps_match_plain_steps() -> None:
+    """The CUDA-graph step warmed up and captured on a random batch, then trained: its weights
+    follow the plain step's from the same start (the warm-up's steps and momentum undone)."""
+    import copy
+
+    from train import steps
+    from train.model import ConvNet
+
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    model = ConvNet(dropout=False).to(device)
+    twin = copy.deepcopy(model)
+    cast = steps.autocast(device, "fp32", cache=False)
+    sgd = [torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for m in (model, twin)]
+    graph = steps.GraphStep(model, sgd[0], 64, 1, cast)
+    plain = steps.EagerStep(twin, sgd[1], torch.amp.GradScaler(enabled=False), 1, cast)
+    noise = (torch.randn(64, 1, 28, 28, device=device), torch.randint(10, (64,), device=device))
+    rng = torch.cuda.get_rng_state(device)
+    steps.warm_up(graph, model, model, noise, cast, ([64, 24], [64, 16]))
+    assert graph.micro_graph is not None  # captured in the warm-up, replayed from here on
+    assert torch.equal(torch.cuda.get_rng_state(device), rng)
+    batch = (torch.randn(64, 1, 28, 28, device=device), torch.randint(10, (64,), device=device))
+    for _ in range(3):  # the later steps read the momentum the first one made
+        for step in (graph, plain):
+            step.micro(*batch, last=True)
+            step.update()
+    for mine, theirs in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(mine, theirs)
 
 
 def test_energy_is_read_per_epoch_and_per_run(tmp_path: Path) -> None:

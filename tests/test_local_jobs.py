@@ -177,7 +177,7 @@ def test_the_convnet_learns_the_embedded_digits(tmp_path: Path) -> None:
     assert summary["final_test_accuracy"] >= 0.8
     # Where start-up went, phase by phase, adds up to the whole.
     parts = start["startup_parts"]
-    assert list(parts) == ["python_and_imports", "process_group", "data", "model_and_state"]
+    assert list(parts) == ["python_and_imports", "process_group", "model_and_state", "data"]
     assert start["bytecode_cached"] is True  # the venv's torch, from its bytecode cache
     assert abs(sum(parts.values()) - start["startup_s"]) < 0.05
 

@@ -433,16 +433,21 @@ def test_ctrl_c_in_any_command_is_one_line_and_exit_130(capsys: pytest.CaptureFi
     ("settings", "words"),
     [
         ([], ""),
-        (["train.compile=true"], "; the first epoch compiles the model (torch.compile: minutes"),
-        (["train.cuda_graph=true"], "; the first epoch captures the step as CUDA graphs"),
+        (["train.compile=true"], " compiled (torch.compile: minutes on a cold compile cache) on a"),
+        (["train.cuda_graph=true"], " its step captured as CUDA graphs on a random batch"),
+        (
+            ["train.compile=true", "train.cuda_graph=true"],
+            " compiled (torch.compile: minutes on a cold compile cache) and its step captured",
+        ),
     ],
 )
-def test_wait_says_why_a_first_epoch_is_long(settings: list[str], words: str) -> None:
-    """Said after the start line of `--wait`, so a long first epoch is not taken for a hang."""
+def test_wait_says_what_a_long_start_does(settings: list[str], words: str) -> None:
+    """Said in the starting line of `--wait` (of the model), so a long start is not taken for a
+    hang."""
     from core.settings.loading import load_config
-    from launch.submit import _first_epoch_words
+    from launch.submit import _warm_up_words
 
-    said = _first_epoch_words(load_config(overrides=settings))
+    said = _warm_up_words(load_config(overrides=settings))
     assert said.startswith(words) and bool(said) == bool(words)
 
 
@@ -480,3 +485,47 @@ def test_a_start_without_bytecode_is_said_with_its_fix(tmp_path: Path) -> None:
     assert "torch was compiled from its sources" in said and "unset it" in said
     assert said.startswith(_started_words({**start, "bytecode_cached": True}))
     assert _started_words({**start, "bytecode_cached": True}) == _started_words(start)
+
+
+# --- steps.warm_up ------------------------------------------------------------------------------
+
+
+def test_warm_up_leaves_model_optimizer_and_generators_as_it_found_them() -> None:
+    """The compile warm-up trains on a random batch; afterwards weights, BatchNorm's statistics,
+    gradients, optimizer state and the random generator are as before, so the first real step
+    is the step a run without the warm-up takes (dropout masks included)."""
+    import copy
+
+    from torch import nn
+
+    from train import steps
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Dropout(0.5),
+        nn.Linear(4 * 26 * 26, 10),
+    )  # fmt: skip
+    twin = copy.deepcopy(model)
+    step, twin_step = (
+        steps.EagerStep(m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                        torch.amp.GradScaler(enabled=False), 1, steps.autocast(torch.device("cpu"), "fp32"))
+        for m in (model, twin)
+    )  # fmt: skip
+    noise = (torch.randn(8, 1, 28, 28), torch.randint(10, (8,)))
+    rng = torch.get_rng_state()
+    cast = steps.autocast(torch.device("cpu"), "fp32")
+    steps.warm_up(step, model, model, noise, cast, ([8, 3], [8, 5]))
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(p.grad is None for p in model.parameters())
+    assert not step.optimizer.state
+    for name, tensor in twin.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+    batch = (torch.randn(8, 1, 28, 28), torch.randint(10, (8,)))
+    rng = torch.get_rng_state()
+    for s in (step, twin_step):
+        torch.set_rng_state(rng)  # the same dropout masks for both
+        for _ in range(2):  # the second step reads the momentum the first one made
+            s.micro(*batch, last=True)
+            s.update()
+    for name, tensor in twin.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name

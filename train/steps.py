@@ -166,6 +166,63 @@ class GraphStep:
         return self.static["loss"]
 
 
+def warm_up(
+    step: EagerStep | GraphStep,
+    model: nn.Module,
+    scored: nn.Module,
+    sample: tuple[torch.Tensor, torch.Tensor],
+    autocast: Autocast,
+    sizes: tuple[list[int], list[int]],
+) -> None:
+    """Compile (torch.compile) and capture (CUDA graphs) on a random batch, before the real data is
+    touched: what the first epoch would otherwise pay, counted as start-up (MLPerf's rule; the
+    time to accuracy from the first touch of data is then training alone).
+
+    `sizes`: the micro-batch sizes training meets (the full one first, then an epoch's shorter
+    last one) and those scoring meets; each is compiled here. Afterwards every weight, buffer
+    and optimizer state and the random generators are as they were, so training starts as it
+    would have without the warm-up. An optimizer state made here (SGD's momentum) stays
+    allocated, as a graph holds its address, and is zeroed: SGD's first step from a zero
+    buffer is its first step.
+    """
+    x, y = sample
+    training, scoring = sizes
+    weights = {name: t.detach().clone() for name, t in model.state_dict().items()}
+    before = {
+        p: {k: v.clone() for k, v in s.items() if torch.is_tensor(v)} for p, s in _states(step)
+    }
+    was_training = model.training
+    devices = [x.device] if x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        model.train()
+        # GraphStep: eager steps, then the capture; EagerStep: the compiled forward and backward
+        graph = isinstance(step, GraphStep)
+        for n in [training[0]] * (WARMUP_STEPS if graph else 0) + training:
+            step.micro(x[:n], y[:n], last=True)
+            if graph:
+                step.update()
+        scored.eval()
+        with torch.no_grad(), autocast():
+            for n in scoring:
+                scored(x[:n])
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            tensor.copy_(weights[name])
+        for param, state in _states(step):
+            for key, value in state.items():
+                if key in before.get(param, {}):
+                    value.copy_(before[param][key])
+                elif torch.is_tensor(value):
+                    value.zero_()
+    if not graph:
+        step.optimizer.zero_grad(set_to_none=True)
+    model.train(was_training)
+
+
+def _states(step: EagerStep | GraphStep) -> list[tuple[Any, dict[str, Any]]]:
+    return list(step.optimizer.state.items())
+
+
 def _bucket_gradients(params: list[nn.Parameter]) -> list[torch.Tensor]:
     """Flat gradient buffers of at most BUCKET_MB each (one dtype each); every parameter's `.grad`
     becomes a view into one, so backward writes straight into what the all-reduce sends."""

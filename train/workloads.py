@@ -67,13 +67,20 @@ def load(cfg: Config, local_rank: int, barrier: Callable[[], None]) -> Workload:
 def shape(cfg: Config, local_rank: int, barrier: Callable[[], None]) -> tuple[Shape, int]:
     """One sample's shape and the number of classes, without the data where the settings say
     them (only a user's dataset is loaded to learn its shape)."""
+    if declared := declared_shape(cfg):
+        return declared
+    work = load(cfg, local_rank, barrier)
+    return work.sample_shape, work.classes
+
+
+def declared_shape(cfg: Config) -> tuple[Shape, int] | None:
+    """The sample shape and classes where the settings say them; None for a user's dataset."""
     d = cfg.data
     if d.dataset == "patterns":
         return (d.channels, d.image_size, d.image_size), d.classes
     if d.dataset in ("synthetic", "mnist"):
         return (1, 28, 28), 10
-    work = load(cfg, local_rank, barrier)
-    return work.sample_shape, work.classes
+    return None
 
 
 def build_model(cfg: Config, shape: Shape, classes: int) -> nn.Module:
