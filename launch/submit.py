@@ -772,9 +772,7 @@ def _cache_words(cache: object) -> str:
     if cache == "warm":
         return "; its compile came from the compile cache"
     if cache == "cold":
-        return (
-            "; compiled afresh, saved to the compile cache after the first epoch for the next job"
-        )
+        return "; compiled afresh, and saved to the compile cache for the next job"
     return ""
 
 

@@ -5,7 +5,7 @@ torch.compile keeps what it compiled (Inductor's graphs, Triton's kernels, the a
 choices) in a folder of the machine it ran on, and its entries carry the device index: a sweep's
 next element, a requeued attempt or a resume on another node compiles again, for minutes. Here
 each rank saves PyTorch's portable cache artifacts ("Mega-Cache",
-`torch.compiler.save_cache_artifacts`) after its first compiled epoch into a folder on the
+`torch.compiler.save_cache_artifacts`) after its warm-up (train.steps.warm_up) into a folder on the
 shared file system, and every later job of the same workload loads them before it compiles
 (`load_cache_artifacts` seeds the node's own caches, so the compile is a lookup).
 

@@ -69,8 +69,15 @@ def train(ctx: Context, started: float) -> dict[str, Any]:
     step = _step(ctx, model, optimizer, scaler)
     gpus = GpuSampler(_driven_gpus(ctx))
     ctx.lap("model_and_state")
+    # Saved where every batch size has compiled: after the warm-up, where the settings tell the
+    # splits' sizes (a stopped or requeued attempt then leaves it for the next), else after the
+    # first epoch.
+    save_cache_after = 0 if declared else 1  # epochs
     if cfg.train.compile or cfg.train.cuda_graph:
         _warm_up(ctx, model, step, sample_shape, classes)
+        if cache and cache_state == "cold" and not save_cache_after:
+            compile_cache.save(cache)
+        ctx.lap("warm_up")
     data_touched = time.time()
     work = work or workloads.load(cfg, env.local_rank, barrier)
     train_labels, test_labels = work.train[1], work.test[1]
@@ -111,7 +118,7 @@ def train(ctx: Context, started: float) -> dict[str, Any]:
         if stop:
             return stopping.stop(ctx, stop, progress, (model, optimizer, scaler))
         epochs.append(_end_epoch(ctx, model, test_loader, progress, figures))
-        if cache and cache_state == "cold" and len(epochs) == 1:  # training and scoring compiled
+        if cache and cache_state == "cold" and len(epochs) == save_cache_after:
             compile_cache.save(cache)
         if not math.isfinite(epochs[-1]["test_loss"]):  # scored alike on every rank: all end here
             # Diverged: nothing more to learn, and the last sound checkpoint is kept, not this.
@@ -154,7 +161,6 @@ def _warm_up(
     cast = steps.autocast(ctx.device, cfg.train.precision.value)
     steps.warm_up(step, model, scored, sample, cast, (training, scoring))
     _synchronize(ctx)
-    ctx.lap("warm_up")
 
 
 class _ResumeSampler(torch.utils.data.Sampler[int]):
