@@ -478,3 +478,32 @@ def test_a_damaged_cache_is_passed_over_and_replaced(runs: dict[str, Path], tmp_
         cached.write_bytes(pickle.dumps(kept))
         os.chown(cached, 65534, 65534)
         assert _summarize("--root", root)[1] == first
+
+
+def test_the_time_to_accuracy_benchmark_lists_each_run(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """docs/benchmarks/tta_runs.py, which tta.sh ends with: a line per run, with the figures the
+    comparison table pools (here the final accuracy, as summarize prints it)."""
+    import subprocess
+    import sys
+
+    from kit import REPO
+
+    root = tmp_path / "runs"
+    for mode in ("dp", "ddp"):
+        _copy(runs[mode], root)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "docs/benchmarks/tta_runs.py"), str(root)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = {line.split(" | ")[0]: line.split(" | ") for line in done.stdout.splitlines()}
+    for mode in ("dp", "ddp"):
+        cells = lines[f"| {runs[mode].name}"]
+        assert cells[1] == f"{mode}, none"
+        final = records(runs[mode], 0)[-1]["final_test_accuracy"]
+        assert cells[-1] == f"{100 * final:.2f} |"
