@@ -128,12 +128,18 @@ def evaluation_shard(split: Batch, rank: int, world: int, even: bool) -> tuple[B
     images, labels = split
     count = len(labels)
     shard = range(rank, count, world)
-    short = -(-count // world) - len(shard)
-    if not even or not short:
+    short = shard_size(count, rank, world, even) - len(shard)
+    if not short:
         return split, shard
     blank = (images.new_zeros((1, *images.shape[1:])), labels.new_full((1,), -1))
     padded = (torch.cat([images, blank[0]]), torch.cat([labels, blank[1]]))
     return padded, [*shard, *[count] * short]
+
+
+def shard_size(count: int, rank: int, world: int, even: bool) -> int:
+    """How many of a split's `count` samples this rank scores (evaluation_shard): every
+    `world`-th from `rank`, or with `even` the largest such share (the others padded)."""
+    return -(-count // world) if even else len(range(rank, count, world))
 
 
 Loader = DataLoader[Batch] | DeviceLoader

@@ -74,7 +74,7 @@ def train(ctx: Context, started: float) -> dict[str, Any]:
     # first epoch.
     save_cache_after = 0 if declared else 1  # epochs
     if cfg.train.compile or cfg.train.cuda_graph:
-        _warm_up(ctx, model, step, sample_shape, classes)
+        _warm_up(ctx, model, step, sample_shape, classes, sizes_known=bool(declared))
         if cache and cache_state == "cold" and not save_cache_after:
             compile_cache.save(cache)
         ctx.lap("warm_up")
@@ -136,20 +136,25 @@ def train(ctx: Context, started: float) -> dict[str, Any]:
 
 
 def _warm_up(
-    ctx: Context, model: nn.Module, step: Any, shape: workloads.Shape, classes: int
+    ctx: Context,
+    model: nn.Module,
+    step: Any,
+    shape: workloads.Shape,
+    classes: int,
+    sizes_known: bool,
 ) -> None:
     """Compile and capture before the data is touched (steps.warm_up), for the batch sizes the
-    run will meet: the full one, and each split's last where the settings tell the split's size
-    (a user's dataset: only the full one; its last batch then compiles in the first epoch)."""
+    run will meet: the full one, and each split's last where the settings tell the splits'
+    sizes (`sizes_known`; a user's dataset: only the full one, its last batch then compiles in
+    the first epoch)."""
     cfg, env = ctx.cfg, ctx.env
     batch = per_rank_batch(cfg)
     eval_batch = batch * cfg.train.grad_accum_steps
     training, scoring = [batch], [eval_batch]
-    if workloads.declared_shape(cfg):
-        world, tests = env.world_size, cfg.data.test_size
+    if sizes_known:
+        world, even = env.world_size, strategies.of(cfg).even_evaluation
         per_rank = -(-cfg.data.train_size // world)  # DistributedSampler pads to equal shares
-        even = strategies.of(cfg).even_evaluation
-        shard = -(-tests // world) if even else len(range(env.rank, tests, world))
+        shard = loaders.shard_size(cfg.data.test_size, env.rank, world, even)
         training += [per_rank % batch] if per_rank % batch else []
         scoring += [shard % eval_batch] if shard % eval_batch else []
     largest = max(batch, eval_batch)

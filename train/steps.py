@@ -188,8 +188,9 @@ def warm_up(
     x, y = sample
     training, scoring = sizes
     weights = {name: t.detach().clone() for name, t in model.state_dict().items()}
+    state = step.optimizer.state
     before = {
-        p: {k: v.clone() for k, v in s.items() if torch.is_tensor(v)} for p, s in _states(step)
+        p: {k: v.clone() for k, v in s.items() if torch.is_tensor(v)} for p, s in state.items()
     }
     was_training = model.training
     devices = [x.device] if x.device.type == "cuda" else []
@@ -208,8 +209,8 @@ def warm_up(
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             tensor.copy_(weights[name])
-        for param, state in _states(step):
-            for key, value in state.items():
+        for param, kept in state.items():
+            for key, value in kept.items():
                 if key in before.get(param, {}):
                     value.copy_(before[param][key])
                 elif torch.is_tensor(value):
@@ -217,10 +218,6 @@ def warm_up(
     if not graph:
         step.optimizer.zero_grad(set_to_none=True)
     model.train(was_training)
-
-
-def _states(step: EagerStep | GraphStep) -> list[tuple[Any, dict[str, Any]]]:
-    return list(step.optimizer.state.items())
 
 
 def _bucket_gradients(params: list[nn.Parameter]) -> list[torch.Tensor]:
