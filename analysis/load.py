@@ -10,6 +10,7 @@ import bisect
 import math
 import operator
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -103,6 +104,8 @@ FIGURES: tuple[Figure, ...] = (
     *_cards("summary.gpus.max_reserved_mb", "peak memory", "MB", "rate", note="PyTorch allocator, reserved"),
     *_cards("summary.gpus.nvml_used_mb_peak", "peak memory", "MB", "rate", note="NVML used, driver's view"),
     Figure("largest_batch", "largest batch", "samples", "rate", "global, fits within 5 %; task=largest_batch runs", digits=0),
+    Figure("largest_width", "largest model", "model.width", "rate", "widest gpt of the depth that trains at the search's global batch, within 5 %; task=largest_model runs", digits=0),
+    Figure("largest_model_parameters", "largest model", "M parameters", "rate", "of that width", digits=1),
     _field("summary.final_test_accuracy", "final test accuracy", "%", "points", scale=100),
     _field("summary.final_test_loss", "final test loss", "cross-entropy", "diff", digits=4),
 )
@@ -122,7 +125,8 @@ SETTINGS: dict[str, Callable[[Config, dict[str, Any]], Any]] = {
     "target_accuracy": lambda cfg, start: cfg.train.target_accuracy,
     "grad_accum_steps": lambda cfg, start: cfg.train.grad_accum_steps,
     "precision": lambda cfg, start: cfg.train.precision,
-    "model": lambda cfg, start: cfg.model.name,
+    "optimizer": lambda cfg, start: optimizer_label(cfg),
+    "model": lambda cfg, start: model_label(cfg),
     "dataset": lambda cfg, start: dataset_label(cfg),
     "train_samples": lambda cfg, start: start["train_samples"],
     "test_samples": lambda cfg, start: start["test_samples"],
@@ -137,7 +141,29 @@ def dataset_label(cfg: Config) -> str:
     d = cfg.data
     if d.dataset == "patterns":
         return f"patterns {d.channels}×{d.image_size}² ({d.classes} classes)"
+    if d.dataset == "tokens":
+        return f"tokens (sequences of {d.seq_len}, vocabulary {d.vocab})"
     return d.dataset
+
+
+def optimizer_label(cfg: Config) -> str:
+    """The optimizer and its weight decay where one is set ('sgd': the article's)."""
+    t = cfg.train
+    return f"{t.optimizer}{f' (weight decay {t.weight_decay:g})' if t.weight_decay else ''}"
+
+
+def model_label(cfg: Config, width: bool = True) -> str:
+    """The model as the table names it: with its size where the settings choose one (without
+    the width: the family a largest-model search searched)."""
+    m = cfg.model
+    if m.name == "gpt":
+        return f"gpt {f'width {m.width}, ' if width else ''}depth {m.depth}, {m.heads} heads"
+    return m.name
+
+
+def model_family(label: str) -> str:
+    """A model's label less its width (model_label(cfg, width=False))."""
+    return re.sub(r"^gpt width \d+, ", "gpt ", label)
 
 
 def strategy_key(cfg: Config) -> str:
@@ -315,8 +341,8 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
         return None, [f"skipped {run_dir}: cannot read it: {err}"]
     ranks, notes = _read_ranks(run_dir)
     run_id = meta.get("run_id", run_dir.name)
-    if cfg.task == "largest_batch":
-        return _largest_batch_row(run_dir, run_id, cfg, ranks), notes
+    if cfg.task in SEARCHES:
+        return _search_row(run_dir, run_id, cfg, ranks), notes
     missing = _missing(cfg, ranks)
     if missing:
         return None, [*notes, f"skipped {run_id}: {missing}; see {runfolder.logs_dir(run_dir)}"]
@@ -328,12 +354,14 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
     return _row(run_dir, run_id, cfg, ranks, meta.get("created_at")), notes
 
 
-# A largest-batch result belongs to the training runs with the same shape and hardware.
+# A search's result belongs to the training runs with the same shape and hardware (a
+# largest-model search: of the same model family, whatever the width trained).
 LARGEST_BATCH_KEYS = (
     "mode",
     "model",
     "dataset",
     "precision",
+    "optimizer",
     "nodes",
     "gpus_per_node",
     "device_name",
@@ -341,28 +369,47 @@ LARGEST_BATCH_KEYS = (
 )
 
 
-def _largest_batch_row(
+# Each search task and the figures its runs give (the columns of FIGURES they fill).
+SEARCHES = {
+    "largest_batch": ("largest_batch",),
+    "largest_model": ("largest_width", "largest_model_parameters"),
+}
+
+
+def _search_row(
     run_dir: Path, run_id: str, cfg: Config, ranks: dict[int, Rank]
 ) -> dict[str, Any] | None:
     summary = ranks.get(0, {}).get("summary")
     starts = [ranks[rank]["start"][-1] for rank in sorted(ranks) if ranks[rank].get("start")]
     if not summary or not starts:
         return None
-    largest = summary[-1].get("largest_global_batch")
-    searched = bool(summary[-1].get("trials"))  # on CPU nothing is searched: not measured
+    found, searched = summary[-1], bool(summary[-1].get("trials"))  # on CPU: not searched
+    if cfg.task == "largest_model":
+        width, parameters = found.get("largest_width"), found.get("largest_model_parameters")
+        figures = {  # 0: no width fits
+            "largest_width": float(width or 0) if searched else NOT_MEASURED,
+            "largest_model_parameters": float(parameters or 0) / 1e6 if searched else NOT_MEASURED,
+            "search_batch": cfg.train.global_batch_size,
+        }
+    else:
+        largest = found.get("largest_global_batch")
+        figures = {
+            "largest_batch": float(largest or 0) if searched else NOT_MEASURED
+        }  # 0: none fits
     return {
         "run_id": run_id,
         "run_dir": str(run_dir),
-        "task": "largest_batch",
+        "task": cfg.task,
         "mode": strategy_key(cfg),
-        "model": cfg.model.name,
+        "model": model_label(cfg, width=cfg.task != "largest_model"),
         "dataset": dataset_label(cfg),
         "precision": cfg.train.precision,
+        "optimizer": optimizer_label(cfg),
         "nodes": cfg.cluster.nodes,
         "gpus_per_node": cfg.cluster.gpus_per_node,
         "device_name": starts[0]["device_name"],
         "gpus": sum(int(s.get("gpu_count") or 0) for s in starts),
-        "largest_batch": float(largest or 0) if searched else NOT_MEASURED,  # 0: none fits
+        **figures,
     }
 
 

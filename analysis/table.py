@@ -16,7 +16,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from analysis.load import FIGURES, HARDWARE, LARGEST_BATCH_KEYS, SETTINGS, Figure
+from analysis.load import (
+    FIGURES,
+    HARDWARE,
+    LARGEST_BATCH_KEYS,
+    SEARCHES,
+    SETTINGS,
+    Figure,
+    model_family,
+)
 from core import strategies
 
 if TYPE_CHECKING:  # imported where used: the command line is parsed, and runs are being read
@@ -65,15 +73,15 @@ def group_runs(runs: pd.DataFrame) -> tuple[list[Group], list[str]]:
         return [], []
     keys = [*SETTINGS, *HARDWARE]
     train = runs[runs["task"] == "train"].sort_values("run_id")
-    largest = runs[runs["task"] == "largest_batch"]
+    searches = runs[runs["task"] != "train"]
     groups = []
     joined: set[str] = set()
-    # No training run: no setting columns to group by (a largest-batch row has none of them).
+    # No training run: no setting columns to group by (a search's row has none of them).
     grouped: Iterable[tuple[Any, pd.DataFrame]] = (
         train.groupby(keys, sort=False, dropna=False) if not train.empty else []
     )
     for number, (key, frame) in enumerate(grouped, start=1):
-        matched = _matching_largest(frame, largest)
+        matched = _matching_searches(frame, searches)
         joined.update(matched["run_id"])
         groups.append(
             Group(
@@ -83,39 +91,54 @@ def group_runs(runs: pd.DataFrame) -> tuple[list[Group], list[str]]:
                 _medians(frame, matched),
             )
         )
-    alone = largest[~largest["run_id"].isin(joined)]
-    return groups, [_alone_note(run["run_id"], run["largest_batch"]) for _, run in alone.iterrows()]
+    alone = searches[~searches["run_id"].isin(joined)]
+    return groups, [_alone_note(run) for _, run in alone.iterrows()]
 
 
-def _alone_note(run_id: str, best: float) -> str:
-    """Why a largest-batch run is in no table, and its figure, which is shown nowhere else."""
+def _alone_note(run: pd.Series) -> str:
+    """Why a search's run is in no table, and its figure, which is shown nowhere else."""
+    column, what = (
+        ("largest_width", "widest model.width")
+        if run["task"] == "largest_model"
+        else ("largest_batch", "largest global batch")
+    )
+    best = run[column]
     found = "not measured (no GPU)" if math.isnan(best) else f"{best:.0f}"
     return (
-        f"note {run_id}: a largest-batch run is shown beside training runs of the same strategy, "
-        f"model, precision and GPUs; none here (largest global batch: "
+        f"note {run['run_id']}: a {run['task'].replace('_', '-')} run is shown beside training "
+        f"runs of the same strategy, model, precision and GPUs; none here ({what}: "
         f"{found}{', none fits' if best == 0 else ''})"
     )
 
 
-def _matching_largest(train: pd.DataFrame, largest: pd.DataFrame) -> pd.DataFrame:
-    if largest.empty:
-        return largest
-    shapes = train[list(LARGEST_BATCH_KEYS)].drop_duplicates()
-    return largest.merge(shapes, on=list(LARGEST_BATCH_KEYS))
+def _matching_searches(train: pd.DataFrame, searches: pd.DataFrame) -> pd.DataFrame:
+    """The search runs that belong to these training runs: a largest-batch run of their very
+    model, a largest-model run of their model family (any width)."""
+    import pandas as pd
+
+    if searches.empty:
+        return searches
+    keys = list(LARGEST_BATCH_KEYS)
+    shapes = train[keys].drop_duplicates()
+    families = shapes.assign(model=shapes["model"].map(model_family)).drop_duplicates()
+    return pd.concat(
+        [
+            searches[searches["task"] == "largest_batch"].merge(shapes, on=keys),
+            searches[searches["task"] == "largest_model"].merge(families, on=keys),
+        ]
+    )
 
 
-def _medians(train: pd.DataFrame, largest: pd.DataFrame) -> dict[str, dict[str, float]]:
+def _medians(train: pd.DataFrame, searches: pd.DataFrame) -> dict[str, dict[str, float]]:
     medians: dict[str, dict[str, float]] = {}
-    ran = set(train["mode"])  # largest-batch runs join only the strategies trained here
+    ran = set(train["mode"])  # search runs join only the strategies trained here
     for mode in (key for key in COLUMNS if key in SHOWN or key in ran):
         runs = train[train["mode"] == mode]
         figures = {f.column: _median(runs, f.column) for f in FIGURES}  # NaN if none
-        best = (
-            _median(largest[largest["mode"] == mode], "largest_batch")
-            if not largest.empty
-            else math.nan
-        )
-        medians[mode] = figures | {"runs": float(len(runs)), "largest_batch": best}
+        for task, columns in SEARCHES.items():
+            found = searches[(searches["mode"] == mode) & (searches["task"] == task)]
+            figures |= {column: _median(found, column) for column in columns}
+        medians[mode] = figures | {"runs": float(len(runs))}
     return medians
 
 
@@ -152,6 +175,11 @@ def _number(figure: Figure, value: float) -> str:
     return NM if math.isnan(value) else f"{value:.{figure.digits}f}"
 
 
+def _optimizer(key: dict[str, Any]) -> str:
+    """The optimizer in the heading where it is not the article's plain SGD."""
+    return "" if key["optimizer"] == "sgd" else f"{key['optimizer']}, "
+
+
 def heading(group: Group) -> str:
     """One line: the settings and hardware the group's figures hold for."""
     k = group.key
@@ -160,7 +188,7 @@ def heading(group: Group) -> str:
         f"Group {group.number}: {k['dataset']} {k['train_samples']} train / {k['test_samples']} test, "
         f"{k['model']}, global batch {k['global_batch']}, {k['epochs']} epochs, "
         f"target accuracy {100 * k['target_accuracy']:g} %, "
-        f"grad accum {k['grad_accum_steps']}, {k['precision']}, "
+        f"grad accum {k['grad_accum_steps']}, {k['precision']}, {_optimizer(k)}"
         f"{k['nodes']} node(s) × {k['gpus_per_node']} GPUs/node, "
         f"speed options: {k['speed_options']} | "
         f"hardware: {k['device_name']}, {gpus}, torch {k['torch']}"
@@ -201,12 +229,18 @@ def notes(group: Group) -> list[str]:
 TIME_TO_ACCURACY = ("tta_s", "tta_data_s")  # NaN when no epoch reached the target
 
 
+def figures(group: Group) -> list[Figure]:
+    """The figures that apply to the group: the largest model only where a width can be searched."""
+    searchable = group.key["model"].startswith("gpt ")
+    return [f for f in FIGURES if searchable or f.column not in SEARCHES["largest_model"]]
+
+
 def measured(group: Group) -> tuple[list[Figure], list[Figure]]:
     """The figures some run of the group measured, and those none did (GPU figures without a
     GPU): the markdown table leaves the latter out and says so."""
     some: list[Figure] = []
     none: list[Figure] = []
-    for figure in FIGURES:
+    for figure in figures(group):
         values = [group.medians[mode][figure.column] for mode in group.columns]
         (some if figure.compare == "none" or any(map(math.isfinite, values)) else none).append(
             figure
@@ -217,16 +251,25 @@ def measured(group: Group) -> tuple[list[Figure], list[Figure]]:
 def _runs_line(group: Group) -> str:
     shown = headings(group)
     parts = [f"{shown[mode]}: {_ids(group.run_ids(mode))}" for mode in group.columns]
-    largest = [
-        f"{shown[mode]}: {_ids(ids)}"
-        for mode in group.columns
-        if (ids := group.run_ids(mode, "largest_batch"))
-    ]
-    return (
-        "Runs used: "
-        + "; ".join(parts)
-        + (f". Largest-batch runs: {'; '.join(largest)}" if largest else "")
-    )
+    line = "Runs used: " + "; ".join(parts)
+    for task in SEARCHES:
+        found = [
+            f"{shown[mode]}: {_ids(ids)}"
+            for mode in group.columns
+            if (ids := group.run_ids(mode, task))
+        ]
+        if found:
+            line += f". {task.replace('_', '-').capitalize()} runs{_search_batch(group, task)}: "
+            line += "; ".join(found)
+    return line
+
+
+def _search_batch(group: Group, task: str) -> str:
+    """The global batch a largest-model search trained at, where it is not the group's."""
+    if task != "largest_model":
+        return ""
+    batches = set(group.runs.loc[group.runs["task"] == task, "search_batch"])
+    return f" (at a global batch of {', '.join(f'{b:.0f}' for b in sorted(batches))})"
 
 
 def to_markdown(groups: list[Group]) -> str:
@@ -292,7 +335,7 @@ def _group_records(group: Group) -> list[dict[str, Any]]:
         {"group": group.number, "metric": figure.column, "label": figure.label, "mode": mode}
         | {"column": shown[mode], "value": value, "unit": unit, "text": text}
         | {"runs": runs[mode], **group.key}
-        for figure in FIGURES
+        for figure in figures(group)
         for mode, (value, unit, text) in _cells(group, figure).items()
     ]
 
@@ -312,7 +355,10 @@ def to_json(groups: list[Group]) -> str:
     described = [
         {"group": g.number, **{k: _plain(v) for k, v in g.key.items()}}
         | {"run_ids": {mode: g.run_ids(mode) for mode in g.columns}}
-        | {"largest_batch_run_ids": {mode: g.run_ids(mode, "largest_batch") for mode in g.columns}}
+        | {
+            f"{task}_run_ids": {mode: g.run_ids(mode, task) for mode in g.columns}
+            for task in SEARCHES
+        }
         | {"notes": notes(g)}
         for g in groups
     ]

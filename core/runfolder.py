@@ -621,7 +621,10 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
         **dict.fromkeys(("train_seconds", "total_seconds", "tolerance"), _MAYBE_NUMBER),
         **dict.fromkeys(("final_test_loss", "final_test_accuracy"), _MAYBE_NUMBER),
         **dict.fromkeys(
-            ("epochs", "largest_global_batch", "ceiling", "diverged_epoch", "attempts", "untimed"),
+            (
+                *("epochs", "largest_global_batch", "ceiling", "diverged_epoch", "attempts"),
+                *("untimed", "largest_width", "largest_model_parameters", "global_batch"),
+            ),
             _MAYBE_INT,
         ),
         **dict.fromkeys(("checkpoint", "parameters_sha256"), _MAYBE_TEXT),

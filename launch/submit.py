@@ -703,6 +703,24 @@ def continue_words(run_dir: Path) -> str:
     return f"it had saved no checkpoint yet: `python -m launch resume {run_dir}` starts it over"
 
 
+def _widest_words(result: dict[str, Any]) -> str:
+    """A largest-model search's result in words."""
+    widest, trials = result["largest_width"], result.get("trials") or []
+    at = f"at a global batch of {result.get('global_batch')}"
+    if not trials:
+        return "largest model not measured (no GPU)"
+    if not widest:
+        return (
+            f"no width trains {at}: model.width={min(t['width'] for t in trials)} ran out of memory"
+        )
+    bound = "at least " if widest >= result.get("ceiling", float("inf")) else ""
+    parameters = result.get("largest_model_parameters") or 0
+    return (
+        f"widest model that trains {at}: {bound}model.width={widest} "
+        f"({parameters / 1e6:,.1f} M parameters, within 5 %)"
+    )
+
+
 def result_words(result: dict[str, Any]) -> str:
     """A finished run's result in words, from its first rank's summary."""
     if result.get("diverged_epoch") is not None:
@@ -717,6 +735,8 @@ def result_words(result: dict[str, Any]) -> str:
         if largest >= result.get("ceiling", float("inf")):
             return f"largest global batch that fits: at least {largest} (where the search stops)"
         return f"largest global batch that fits: {largest} (within 5 %)"
+    if "largest_width" in result:
+        return _widest_words(result)
     return (
         f"test accuracy {result['final_test_accuracy']:.2%}, test loss {result['final_test_loss']:.4f}, "
         f"{result['train_seconds']:.1f} s training{_over_attempts(result)}"

@@ -19,6 +19,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 # Tiny but real: every figure and file of a full run, in seconds on a 2-core machine.
 SMALL = ["data.train_size=1024", "data.test_size=256", "train.epochs=2", "cluster.timeout_min=10"]
+# The token workload at a size a CPU test trains in seconds (seq_len/vocab/width/depth/heads).
+TINY_GPT = [
+    "data.dataset=tokens", "model.name=gpt", "data.seq_len=16", "data.vocab=16",
+    "model.width=32", "model.depth=2", "model.heads=2",
+]  # fmt: skip
 
 
 def kit(

@@ -307,6 +307,16 @@ CASES = [
         for key in ("train.compile", "train.cuda_graph")
     ],
     Case(
+        "compile in the largest-model search",
+        ("task=largest_model", "data.dataset=tokens", "model.name=gpt", "train.compile=true"),
+        ("task=largest_model runs eager steps", "drop train.compile=true for the search"),
+    ),
+    Case(
+        "largest model of the convnet",
+        ("task=largest_model",),
+        ("model.name=convnet has no width to search", "add model.name=gpt data.dataset=tokens"),
+    ),
+    Case(
         "cudnn_benchmark with DP",
         ("train.cudnn_benchmark=true",),
         ("train.cudnn_benchmark=true with DataParallel ran 15× slower", "drop it for DP"),
@@ -425,14 +435,14 @@ CASES = [
         "unknown model",
         ("model.name=resnet",),
         (
-            "model.name='resnet' is neither a built-in (convnet, resnet18)",
+            "model.name='resnet' is neither a built-in (convnet, resnet18, gpt)",
             "package.module:function",
         ),
     ),
     Case(
         "unknown dataset",
         ("data.dataset=cifar10",),
-        ("data.dataset='cifar10' is neither a built-in (synthetic, mnist, patterns)",),
+        ("data.dataset='cifar10' is neither a built-in (synthetic, mnist, patterns, tokens)",),
     ),
     Case(
         "shape of the digits",
@@ -443,6 +453,49 @@ CASES = [
         "patterns too large",
         ("data.dataset=patterns", "data.image_size=1024", "data.train_size=100000"),
         ("is 322 GiB, generated in every rank's memory", "lower data.train_size"),
+    ),
+    Case(
+        "momentum with adamw",
+        ("train.optimizer=adamw", "train.momentum=0.5"),
+        ("train.momentum is SGD's; train.optimizer=adamw has its own", "drop train.momentum"),
+    ),
+    Case(
+        "weight decay=-1",
+        ("train.weight_decay=-1",),
+        ("train.weight_decay=-1.0 must be in [0, 1)", "e.g. 0.1"),
+    ),
+    Case(
+        "gpt on the digits",
+        ("model.name=gpt",),
+        ("model.name=gpt predicts the next token", "add data.dataset=tokens"),
+    ),
+    Case(
+        "tokens for the convnet",
+        ("data.dataset=tokens",),
+        ("model.name=convnet cannot read", "add model.name=gpt"),
+    ),
+    Case(
+        "size of the convnet",
+        ("model.depth=12",),
+        ("model.depth sets the shape of model.name=gpt", "add model.name=gpt"),
+    ),
+    Case(
+        "length of the digits",
+        ("data.seq_len=64",),
+        ("data.seq_len sets the shape of data.dataset=tokens", "add data.dataset=tokens"),
+    ),
+    Case(
+        "width over heads",
+        ("data.dataset=tokens", "model.name=gpt", "model.width=100", "model.heads=3"),
+        ("model.width=100 must split evenly over model.heads=3", "e.g. model.width=99"),
+    ),
+    Case(
+        "tokens too large",
+        ("data.dataset=tokens", "model.name=gpt", "data.seq_len=100000", "data.train_size=50000"),
+        ("is 45 GiB, generated in every rank's memory", "lower data.train_size or data.seq_len"),
+    ),
+    Case(
+        "no heads", ("data.dataset=tokens", "model.name=gpt", "model.heads=0"), ("model.heads=0",)
     ),
     Case("one class", ("data.dataset=patterns", "data.classes=1"), ("data.classes=1 must be",)),
     Case(

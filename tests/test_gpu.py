@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kit import SMALL, kit, records, run_folder
+from kit import SMALL, TINY_GPT, kit, records, run_folder
 
 from train.gpustats import GpuSampler
 
@@ -290,3 +290,51 @@ def test_energy_is_read_per_epoch_and_per_run(tmp_path: Path) -> None:
         "GPU time per run",
     ):
         assert f"| {row} (" in table, table
+
+
+# A GPT of 20 M parameters on sequences of 256 tokens, trained with AdamW: big enough for tensor
+# cores and FSDP's gathers, small enough for seconds an epoch.
+GPT = [*TINY_GPT, "data.seq_len=256", "data.vocab=512", "model.width=512", "model.depth=6",
+       "model.heads=8", "data.train_size=4096", "data.test_size=512", "train.optimizer=adamw",
+       "train.lr=0.001",
+       "train.global_batch_size=64", "train.epochs=3"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param(["--mode", "dp"], id="dp"),
+        pytest.param(["--mode", "fsdp", "train.precision=bf16"], id="fsdp-bf16"),
+        pytest.param(["--mode", "ddp", *FAST[:2], "train.cuda_graph=true"], id="ddp-graph"),
+        pytest.param(["--mode", "ddp", "train.compile=true"], id="ddp-compile"),
+    ],
+)
+def test_the_token_workload_learns_on_the_gpus(tmp_path: Path, options: list[str]) -> None:
+    """The GPT on the tokens over NCCL, eager, sharded, captured and compiled (their warm-ups on
+    random token batches): every rank ends with the same weights and the run learns."""
+    run_dir = _submit(tmp_path, *GPT, *options)
+    ranks = range(torch.cuda.device_count() if options[1] != "dp" else 1)
+    summaries = [records(run_dir, rank)[-1] for rank in ranks]
+    assert len({s["parameters_sha256"] for s in summaries}) == 1
+    # A guess gets 1/512 of the tokens; reading two tokens back, 81 %.
+    assert summaries[0]["final_test_accuracy"] > 0.3, summaries[0]
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_largest_model_search_finds_the_widest_gpt_that_trains(tmp_path: Path, mode: str) -> None:
+    """Real steps of ever wider GPTs at a fixed batch run out of memory; the search carries on
+    past every failure to a width within 5 % of the narrowest that failed, in steps of the
+    heads, and counts the widest one's parameters."""
+    from core.settings.schema import ModelConfig
+    from train.model import build
+
+    run_dir = _submit(tmp_path, "--mode", mode, *GPT, "task=largest_model", "model.width=1024")
+    summary = records(run_dir)[-1]
+    trials = summary["trials"]
+    assert any(not t["fits"] for t in trials), "the search must have hit out-of-memory"
+    widest = summary["largest_width"]
+    failed = min(t["width"] for t in trials if not t["fits"])
+    assert widest >= 1024 and widest % 8 == 0 and (failed - widest) / widest <= 0.05 + 1e-9
+    with torch.device("meta"):
+        model = build("gpt", (256,), 512, ModelConfig("gpt", width=widest, depth=6, heads=8))
+    assert summary["largest_model_parameters"] == sum(p.numel() for p in model.parameters())

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kit import REPO, SMALL, kit, records, run_folder
+from kit import REPO, SMALL, TINY_GPT, kit, records, run_folder
 from paced import LASTING
 from slurm_cluster import SlurmCluster, wait_job
 from test_distenv import random_hostlists
@@ -118,13 +118,14 @@ def test_ddp_sbatch_script_writes_a_run_folder(slurm_cluster: SlurmCluster, tmp_
     "strategy",
     [
         pytest.param([], id="ddp"),
-        pytest.param(["--mode", "zero", "dist.comm_hook=bf16"], id="zero"),
+        pytest.param(["--mode", "zero", "dist.comm_hook=bf16", *TINY_GPT], id="zero-gpt"),
     ],
 )
 def test_two_node_ddp_trains_in_step(
     slurm_cluster: SlurmCluster, tmp_path: Path, strategy: list[str]
 ) -> None:
-    """The one-process-per-GPU script runs DDP, or any strategy built on it (`--mode zero`)."""
+    """The one-process-per-GPU script runs DDP, or any strategy built on it (`--mode zero`, here
+    with the token workload)."""
     _, state, out = _sbatch(
         slurm_cluster,
         tmp_path,
@@ -193,13 +194,14 @@ def test_batch_script_without_srun_is_caught(slurm_cluster: SlurmCluster, tmp_pa
     "strategy",
     [
         pytest.param(["zero", "dist.comm_hook=powersgd"], id="zero"),
-        pytest.param(["fsdp"], id="fsdp"),
+        pytest.param(["fsdp", *TINY_GPT], id="fsdp-gpt"),
     ],
 )
 def test_submitit_runs_sharded_strategies_on_two_nodes(
     slurm_cluster: SlurmCluster, tmp_path: Path, strategy: list[str]
 ) -> None:
-    """The submit path takes every strategy: ZeRO with PowerSGD, FSDP, over 2 nodes × 2 tasks."""
+    """The submit path takes every strategy: ZeRO with PowerSGD, FSDP (on the token workload,
+    sharded block by block), over 2 nodes × 2 tasks."""
     args = [a for a in SUBMIT_DDP if a != "ddp"]
     done = kit(
         *args[:3], *strategy, *args[3:], "--nodes", "2", *SBATCH_SMALL, *_kit_env(tmp_path),

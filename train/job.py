@@ -104,7 +104,7 @@ def _run(cfg: Config, env: distenv.DistEnv, run_dir: Path, started: float) -> di
         stops.end_at_cancel(run_dir, env.rank)
         ctx = _setup(cfg, env, run_dir, stops, started, entered)
         stopping.arm(ctx)
-        if cfg.task == Task.largest_batch:
+        if cfg.task != Task.train:
             from train import largest_batch  # its worker machinery only where it searches
 
             return largest_batch.run(ctx, started)
@@ -206,9 +206,10 @@ def _setup(
     writer = runfolder.RecordWriter(run_dir, env.rank)
     imports = {"python_and_imports": round(entered - started, 3)}
     ctx = Context(cfg, env, device, gpus, run_dir, writer, stops, imports, last_mark=entered)
-    # The largest-batch search runs its steps in worker processes: this one keeps off the GPUs
+    # The largest-batch and largest-model searches run their steps in worker processes: this one
+    # keeps off the GPUs
     # (no context, no communicator) and joins the others over gloo.
-    searching = cfg.task == Task.largest_batch
+    searching = cfg.task != Task.train
     if device.type == "cuda" and not searching:
         torch.cuda.set_device(device)
         torch.empty(0, device=device)  # the CUDA context, made here rather than by the data

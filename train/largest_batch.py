@@ -1,4 +1,5 @@
-"""The largest global batch that fits: double until out of memory, then bisect to within 5 %.
+"""The largest global batch that fits, or (task=largest_model) the widest model.name=gpt that
+trains at the run's global batch: double until out of memory, then bisect to within 5 %.
 
 A trial is real training steps of the run's strategy on random data of the workload's shape:
 forward, backward with every collective the strategy makes (DDP's bucketed all-reduce and its
@@ -19,6 +20,7 @@ server that imported torch once, so a trial costs the CUDA and process-group sta
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import itertools
 import logging
@@ -39,7 +41,7 @@ import torch.distributed as dist
 
 from core import strategies
 from core.errors import KitError
-from core.settings.schema import Config, Precision
+from core.settings.schema import Config, Precision, Task
 from train import early, steps, workloads
 from train.process import Context, barrier, dist_backend, start_record, workload_record
 
@@ -61,19 +63,25 @@ class TrialError(KitError):
 
 
 def search(
-    fits: Callable[[int], bool], start: int, unit: int
+    fits: Callable[[int], bool],
+    start: int,
+    unit: int,
+    ceiling: int | None = None,
+    name: str = "global_batch",
 ) -> tuple[int | None, list[dict[str, Any]]]:
-    """Largest multiple of `unit` for which fits() holds, within TOLERANCE; and every trial made."""
+    """Largest multiple of `unit` for which fits() holds, within TOLERANCE, up to `ceiling`
+    (CEILING where not given); and every trial made (each as {name: value, "fits": …})."""
     trials: list[dict[str, Any]] = []
+    ceiling = ceiling or CEILING
 
     def attempt(batch: int) -> bool:
         ok = fits(batch)
-        trials.append({"global_batch": batch, "fits": ok})
+        trials.append({name: batch, "fits": ok})
         return ok
 
     low, high = 0, None
-    batch = max(unit, min(start, CEILING) // unit * unit)
-    while high is None and batch <= CEILING:
+    batch = max(unit, min(start, ceiling) // unit * unit)
+    while high is None and batch <= ceiling:
         if attempt(batch):
             low, batch = batch, batch * 2
         else:
@@ -128,9 +136,10 @@ class Trials:
         # DistributedDataParallel imports when it is built: a second of every trial otherwise.
         self.context = early.forkserver(preload=(__name__, "torch._dynamo"))
 
-    def __call__(self, global_batch: int) -> bool:
+    def __call__(self, value: int) -> bool:
+        """Whether the steps train at `value`: a global batch, or a model width."""
         self.trial += 1
-        self._start_worker(global_batch // self.spec.world_size)
+        self._start_worker(value)
         try:
             outcome, detail = self._answer()
             if outcome in (OOM, ERROR) and self.store is not None:
@@ -138,20 +147,20 @@ class Trials:
             agreed, details = self._agree(outcome, detail)
         finally:
             self._end_worker()  # it may wait in a collective that will never complete
+        searched, what = _trial_words(self.spec.cfg, value)
         if self.spec.rank == 0:
-            log.info("largest batch: a global batch of %d: %s", global_batch, agreed)
+            log.info("largest %s: %s: %s", searched, what, agreed)
         if agreed == ERROR:
             raise TrialError(
-                f"the largest-batch search stopped at a global batch of {global_batch}: "
-                + "; ".join(details)
+                f"the largest-{searched} search stopped at {what}: " + "; ".join(details)
             )
         return agreed == FITS
 
-    def _start_worker(self, batch: int) -> None:
+    def _start_worker(self, value: int) -> None:
         self.conn, theirs = self.context.Pipe()
         self.worker = self.context.Process(
             target=_work,
-            args=(self.spec, self._key("group/"), batch, theirs),
+            args=(self.spec, self._key("group/"), value, theirs),
             daemon=True,
             name="maxbatch-worker",
         )
@@ -229,14 +238,32 @@ def _ended(exitcode: int | None) -> str:
 # --- the worker ------------------------------------------------------------------------------
 
 
-def _work(spec: Spec, prefix: str, batch: int, conn: Connection) -> None:
+def _trial(spec: Spec, value: int) -> tuple[Config, int]:
+    """A trial's settings and this rank's batch: at a global batch of `value`, or with
+    task=largest_model a model.width of `value` at the run's global batch."""
+    cfg = spec.cfg
+    if cfg.task == Task.largest_model:
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, width=value))
+        value = cfg.train.global_batch_size
+    return cfg, value // spec.world_size
+
+
+def _trial_words(cfg: Config, value: int) -> tuple[str, str]:
+    """What is searched, and a trial's value, in words."""
+    if cfg.task == Task.largest_model:
+        return "model", f"model.width={value} at a global batch of {cfg.train.global_batch_size}"
+    return "batch", f"a global batch of {value}"
+
+
+def _work(spec: Spec, prefix: str, value: int, conn: Connection) -> None:
     """One trial on one rank: build the rank's process group, model and optimizer, run the steps
-    at `batch` samples, answer, and wait to be ended (after a failure the other ranks may be
+    (_trial says at what), answer, and wait to be ended (after a failure the other ranks may be
     waiting in a collective; after success they may still be finishing theirs)."""
     _end_with(spec.job_pid)
     torch.set_num_threads(spec.threads)
     try:
-        step, inputs = _build(spec, prefix)
+        cfg, batch = _trial(spec, value)
+        step, inputs = _build(spec, cfg, prefix)
         _steps(step, inputs, batch, torch.device(spec.device), spec.gpus)
         answer = (FITS, "")
     except BaseException as err:  # every failure is an answer: the job process decides
@@ -246,8 +273,8 @@ def _work(spec: Spec, prefix: str, batch: int, conn: Connection) -> None:
         conn.recv()
 
 
-def _build(spec: Spec, prefix: str) -> tuple[steps.EagerStep, Callable[[int], Any]]:
-    device, cfg = torch.device(spec.device), spec.cfg
+def _build(spec: Spec, cfg: Config, prefix: str) -> tuple[steps.EagerStep, Callable[[int], Any]]:
+    device = torch.device(spec.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if spec.store is not None:
@@ -260,15 +287,15 @@ def _build(spec: Spec, prefix: str) -> tuple[steps.EagerStep, Callable[[int], An
             timeout=datetime.timedelta(seconds=cfg.dist.timeout_s),
         )
     torch.manual_seed(cfg.train.seed)
-    model = workloads.build_model(cfg, spec.shape, spec.classes)
+    with workloads.init_device(cfg, device):
+        model = workloads.build_model(cfg, spec.shape, spec.classes)
     wrapped, optimizer = workloads.prepare(cfg, model, device, spec.gpus)
     scaler = torch.amp.GradScaler(enabled=cfg.train.precision == Precision.fp16)
     cast = steps.autocast(device, cfg.train.precision.value)
     step = steps.EagerStep(wrapped, optimizer, scaler, 1, cast, cfg.train.channels_last)
 
     def inputs(size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.randn(size, *spec.shape, device=device)
-        return x, torch.randint(0, spec.classes, (size,), device=device)
+        return workloads.random_batch(cfg, spec.shape, spec.classes, size, device)
 
     return step, inputs
 
@@ -323,13 +350,20 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")  # a zombie is a process that has ended
 
 
+WIDTH_CEILING = 1 << 16  # model.width's largest setting
+
+
 def run(ctx: Context, started: float) -> dict[str, Any]:
-    """The largest-batch job: no data, no epochs; real steps at growing batch sizes (GPU only)."""
+    """The largest-batch (or largest-model) job: no data, no epochs; real steps at growing batch
+    sizes (widths), GPU only."""
     cfg, env = ctx.cfg, ctx.env
     shape, classes = workloads.shape(cfg, env.local_rank, barrier)
-    model = workloads.build_model(cfg, shape, classes)  # on the CPU: the workers build their own
-    ctx.parameters = sum(p.numel() for p in model.parameters())
-    del model
+    if cfg.task == Task.largest_model:
+        ctx.parameters = _parameters(cfg, shape, classes, cfg.model.width)
+    else:  # on the CPU (a user's model may not build on the meta device): the workers build theirs
+        ctx.parameters = sum(
+            p.numel() for p in workloads.build_model(cfg, shape, classes).parameters()
+        )
     # The backend the trial steps use (this process joins the others over gloo).
     backend = dist_backend(cfg) if strategies.of(cfg).per_gpu else "none"
     ctx.metrics.write(
@@ -347,13 +381,31 @@ def run(ctx: Context, started: float) -> dict[str, Any]:
             torch.get_num_threads(), store, backend,
         )  # fmt: skip
         fits = Trials(spec)
-        largest, trials = search(fits, cfg.train.global_batch_size, env.world_size)
+        if cfg.task == Task.largest_model:  # widths that split over the heads
+            largest, trials = search(fits, cfg.model.width, cfg.model.heads, WIDTH_CEILING, "width")
+        else:
+            largest, trials = search(fits, cfg.train.global_batch_size, env.world_size)
+    if cfg.task == Task.largest_model:
+        found = {
+            "largest_width": largest,
+            "largest_model_parameters": largest and _parameters(cfg, shape, classes, largest),
+            "global_batch": cfg.train.global_batch_size,
+            "ceiling": WIDTH_CEILING,  # a search that fits this stops there: a lower bound
+        }
+    else:
+        found = {"largest_global_batch": largest, "ceiling": CEILING}
     return ctx.metrics.write(
         "summary",
-        largest_global_batch=largest,
+        **found,
         tolerance=TOLERANCE,
-        ceiling=CEILING,  # a search that fits this stops there: a lower bound
         trials=trials,
         total_seconds=time.time() - started,
         gpus=[],
     )
+
+
+def _parameters(cfg: Config, shape: tuple[int, ...], classes: int, width: int) -> int:
+    """The parameters of the model at `width`, counted on the meta device (nothing allocated)."""
+    wider = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, width=width))
+    with torch.device("meta"):
+        return sum(p.numel() for p in workloads.build_model(wider, shape, classes).parameters())

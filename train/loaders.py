@@ -124,14 +124,15 @@ def sampler_order(s: DistributedSampler[Any]) -> torch.Tensor:
 def evaluation_shard(split: Batch, rank: int, world: int, even: bool) -> tuple[Batch, Any]:
     """This rank's share of the test split (every `world`-th sample from `rank`) and the split it
     indexes. With `even`, every rank gets the same number of samples: the shorter shards are
-    padded with a blank sample labelled -1 (appended to the split), which scoring leaves out."""
+    padded with a blank sample labelled -1 (each of its labels: a sequence's too), appended to
+    the split, which scoring leaves out."""
     images, labels = split
     count = len(labels)
     shard = range(rank, count, world)
     short = shard_size(count, rank, world, even) - len(shard)
     if not short:
         return split, shard
-    blank = (images.new_zeros((1, *images.shape[1:])), labels.new_full((1,), -1))
+    blank = (images.new_zeros((1, *images.shape[1:])), labels.new_full((1, *labels.shape[1:]), -1))
     padded = (torch.cat([images, blank[0]]), torch.cat([labels, blank[1]]))
     return padded, [*shard, *[count] * short]
 

@@ -36,7 +36,8 @@ def _model_and_optimizer(
     ctx: Context, shape: workloads.Shape, classes: int
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """The model, built for the data's shape and wrapped by the run's strategy; its optimizer."""
-    model = workloads.build_model(ctx.cfg, shape, classes)
+    with workloads.init_device(ctx.cfg, ctx.device):
+        model = workloads.build_model(ctx.cfg, shape, classes)
     ctx.parameters = sum(p.numel() for p in model.parameters())  # before a strategy shards them
     return workloads.prepare(ctx.cfg, model, ctx.device, ctx.gpus)
 
@@ -158,10 +159,7 @@ def _warm_up(
         training += [per_rank % batch] if per_rank % batch else []
         scoring += [shard % eval_batch] if shard % eval_batch else []
     largest = max(batch, eval_batch)
-    sample = (
-        torch.randn(largest, *shape, device=ctx.device),
-        torch.randint(classes, (largest,), device=ctx.device),
-    )
+    sample = workloads.random_batch(cfg, shape, classes, largest, ctx.device)
     scored = strategies.of(cfg).scored(model)
     cast = steps.autocast(ctx.device, cfg.train.precision.value)
     steps.warm_up(step, model, scored, sample, cast, (training, scoring))

@@ -54,6 +54,13 @@ def load(cfg: Config, local_rank: int, barrier: Callable[[], None]) -> Workload:
                 (d.train_size, d.test_size))  # fmt: skip
         train, test = ((torch.from_numpy(x), torch.from_numpy(y).long()) for x, y in make)
         return Workload(train, test, d.classes, data.PATTERN_MEAN, data.PATTERN_STD)
+    if d.dataset == "tokens":  # generated in memory by every rank: the same from the seed
+        rng = np.random.default_rng(seed)
+        successors = data.token_successors(d.vocab, rng)
+        made = (data.synthetic_tokens(n, d.seq_len, successors, rng) for n in
+                (d.train_size, d.test_size))  # fmt: skip
+        train, test = ((torch.from_numpy(x), torch.from_numpy(y)) for x, y in made)
+        return Workload(train, test, d.vocab)
     if d.dataset not in ("synthetic", "mnist"):
         return _from_factory(d.dataset)
     folder = datafiles.dataset_dir(d.dataset, d.root, seed, d.train_size, d.test_size)
@@ -80,7 +87,27 @@ def declared_shape(cfg: Config) -> tuple[Shape, int] | None:
         return (d.channels, d.image_size, d.image_size), d.classes
     if d.dataset in ("synthetic", "mnist"):
         return (1, 28, 28), 10
+    if d.dataset == "tokens":
+        return (d.seq_len,), d.vocab
     return None
+
+
+def random_batch(
+    cfg: Config, shape: Shape, classes: int, size: int, device: torch.device | str
+) -> Batch:
+    """`size` random samples as the run's loaders give them (normalised images, or token ids
+    with a next token each), for compiling ahead of the data and for the largest-batch search."""
+    if cfg.data.dataset == "tokens":
+        tokens, following = (torch.randint(classes, (size, *shape), device=device) for _ in "xy")
+        return tokens, following
+    return torch.randn(size, *shape, device=device), torch.randint(classes, (size,), device=device)
+
+
+def init_device(cfg: Config, device: torch.device) -> torch.device:
+    """Where the model is built and initialised: the GPT on its GPU (a large one's initialisation
+    takes minutes on the CPU, and its weights may not fit the host's memory once per rank), the
+    others on the CPU, as they always were (their initial weights stay what they were)."""
+    return device if cfg.model.name == "gpt" and device.type == "cuda" else torch.device("cpu")
 
 
 def build_model(cfg: Config, shape: Shape, classes: int) -> nn.Module:
@@ -91,33 +118,38 @@ def build_model(cfg: Config, shape: Shape, classes: int) -> nn.Module:
         )
     name = cfg.model.name
     if name in MODELS:
-        return model.build(name, shape, classes, cfg.model.dropout)
+        return model.build(name, shape, classes, cfg.model)
     built = factories.call("model.name", name, shape, classes)
     if not isinstance(built, nn.Module):
         raise factories.broken("model.name", name, f"returned a {type(built).__name__}")
-    _check_outputs(name, built, shape, classes)
+    with torch.random.fork_rng(devices=[]):  # the run's random stream stays as it was
+        sample = random_batch(cfg, shape, classes, 2, "cpu")
+    _check_outputs(name, built, sample, classes)
     return built
 
 
-def _check_outputs(name: str, built: nn.Module, shape: Shape, classes: int) -> None:
+def _check_outputs(name: str, built: nn.Module, sample: Batch, classes: int) -> None:
     """A user's model run once on two samples (on the CPU, before it is moved or wrapped): it
-    must give one logit per class, or training would end in the loss with PyTorch's words."""
+    must give one logit per class (per label), or training would end in the loss with PyTorch's
+    words."""
+    inputs, labels = sample
+    shape = tuple(inputs.shape[1:])
     try:
         with torch.no_grad():
-            out = built.eval()(torch.zeros((2, *shape)))
+            out = built.eval()(inputs)
     except Exception as err:
         raise factories.broken(
-            "model.name",
-            name,
-            f"failed on 2 samples of shape {tuple(shape)}: {type(err).__name__}: {err}",
+            "model.name", name, f"failed on 2 samples of shape {shape}: {type(err).__name__}: {err}"
         ) from None
     finally:
         built.train()
     got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-    if got != (2, classes):
+    wanted = (2, classes, *labels.shape[1:])
+    if got != wanted:
+        dims = ", ".join(["N", str(classes), *map(str, labels.shape[1:])])
         raise factories.broken(
             "model.name", name,
-            f"gave {got} for 2 samples of shape {tuple(shape)}: it must give (N, {classes}), "
+            f"gave {got} for 2 samples of shape {shape}: it must give ({dims}), "
             f"a logit per class of the dataset (its labels are 0..{classes - 1})",
         )  # fmt: skip
 

@@ -25,6 +25,7 @@ from core.settings.schema import (
     ConfigError,
     ContainerConfig,
     DistBackend,
+    Optimizer,
     Precision,
     Task,
 )
@@ -41,6 +42,11 @@ _RANGES: dict[str, tuple[int, int | None]] = {
     "data.channels": (1, 64),
     "data.image_size": (8, 1024),  # the ConvNet's two 3×3 convolutions and pooling need 6
     "data.classes": (2, 1_000_000),
+    "data.seq_len": (2, 1 << 20),
+    "data.vocab": (2, 1 << 24),
+    "model.width": (1, 1 << 16),
+    "model.depth": (1, 4096),
+    "model.heads": (1, 4096),
     # What Slurm takes: beyond these no cluster has the node, and sbatch refuses or overflows.
     "cluster.nodes": (1, 100_000),
     "cluster.gpus_per_node": (1, 64),
@@ -89,6 +95,15 @@ def validate(cfg: Config) -> None:
         )
     if not 0 <= t.momentum < 1:
         raise ConfigError(f"train.momentum={t.momentum} must be in [0, 1), e.g. 0.9 (0: none)")
+    if t.optimizer != Optimizer.sgd and t.momentum != 0.9:
+        raise ConfigError(
+            f"train.momentum is SGD's; train.optimizer={t.optimizer} has its own (betas 0.9, "
+            "0.999): drop train.momentum, or add train.optimizer=sgd"
+        )
+    if not (math.isfinite(t.weight_decay) and 0 <= t.weight_decay < 1):
+        raise ConfigError(
+            f"train.weight_decay={t.weight_decay} must be in [0, 1), e.g. 0.1 (0: none)"
+        )
     if cfg.dist.port and not 1024 <= cfg.dist.port <= 65535:
         raise ConfigError(
             f"dist.port={cfg.dist.port} is not a usable port: pick one in 1024–65535, or 0 to "
@@ -125,7 +140,7 @@ def validate(cfg: Config) -> None:
     _check_hook(cfg)
 
 
-PATTERN_BYTES = 32 << 30  # the patterns are generated in memory, in every rank
+DATA_BYTES = 32 << 30  # the embedded patterns and tokens are generated in every rank's memory
 
 
 def _check_workload(cfg: Config) -> None:
@@ -137,13 +152,7 @@ def _check_workload(cfg: Config) -> None:
                 f"{key}={value!r} is neither a built-in ({', '.join(known)}) nor {FACTORY_RULE}, "
                 f"e.g. {key}={next(iter(known))} or {key}=mypackage.{key.split('.')[0]}s:build"
             )
-    shape = {"data.channels": 3, "data.image_size": 32, "data.classes": 10}
-    changed = [key for key, default in shape.items() if _get(cfg, key) != default]
-    if changed and d.dataset != "patterns":
-        raise ConfigError(
-            f"{changed[0]} sets the shape of data.dataset=patterns; data.dataset={d.dataset} has "
-            f"its own: drop {changed[0]}, or add data.dataset=patterns"
-        )
+    _check_shape_settings(cfg)
     sizes = {"data.train_size": 60000, "data.test_size": 10000}
     resized = [key for key, default in sizes.items() if _get(cfg, key) != default]
     if resized and FACTORY.fullmatch(d.dataset):
@@ -151,23 +160,68 @@ def _check_workload(cfg: Config) -> None:
             f"{resized[0]} sizes the embedded datasets; data.dataset={d.dataset} gives its own "
             f"samples: drop {resized[0]} (or size the splits in the factory)"
         )
-    if d.dataset == "patterns":
-        size = (d.train_size + d.test_size) * d.channels * d.image_size**2
-        if size > PATTERN_BYTES:
+    per_sample = {"patterns": d.channels * d.image_size**2, "tokens": 8 * d.seq_len}
+    if (
+        d.dataset in per_sample
+        and (size := (d.train_size + d.test_size) * per_sample[d.dataset]) > DATA_BYTES
+    ):
+        fix = "data.image_size" if d.dataset == "patterns" else "data.seq_len"
+        raise ConfigError(
+            f"data.dataset={d.dataset} of {d.train_size}+{d.test_size} samples is "
+            f"{size / 2**30:.0f} GiB, generated in every rank's memory: at most "
+            f"{DATA_BYTES >> 30} GiB; lower data.train_size or {fix}"
+        )
+
+
+# Settings that shape one built-in workload, and the dataset or model they belong to.
+_SHAPE_SETTINGS = {
+    "data.dataset=patterns": {"data.channels": 3, "data.image_size": 32, "data.classes": 10},
+    "data.dataset=tokens": {"data.seq_len": 128, "data.vocab": 256},
+    "model.name=gpt": {"model.width": 256, "model.depth": 4, "model.heads": 4},
+}
+
+
+def _check_shape_settings(cfg: Config) -> None:
+    """A shape setting only where its workload runs; the token model and data only together."""
+    for owner, defaults in _SHAPE_SETTINGS.items():
+        key, value = owner.split("=")
+        changed = [name for name, default in defaults.items() if _get(cfg, name) != default]
+        if changed and _get(cfg, key) != value:
             raise ConfigError(
-                f"data.dataset=patterns of {d.train_size}+{d.test_size} images × {d.channels} × "
-                f"{d.image_size}² is {size / 2**30:.0f} GiB, generated in every rank's memory: "
-                f"at most {PATTERN_BYTES >> 30} GiB; lower data.train_size or data.image_size"
+                f"{changed[0]} sets the shape of {owner}; {key}={_get(cfg, key)} has its own: "
+                f"drop {changed[0]}, or add {owner}"
             )
+    d, m = cfg.data, cfg.model
+    if m.name == "gpt" and d.dataset != "tokens":
+        raise ConfigError(
+            f"model.name=gpt predicts the next token of data.dataset=tokens; "
+            f"data.dataset={d.dataset} gives labelled samples: add data.dataset=tokens"
+        )
+    if d.dataset == "tokens" and m.name in MODELS and m.name != "gpt":
+        raise ConfigError(
+            f"data.dataset=tokens gives token sequences, which model.name={m.name} cannot read: "
+            "add model.name=gpt (or a factory of your own)"
+        )
+    if m.width % m.heads:
+        raise ConfigError(
+            f"model.width={m.width} must split evenly over model.heads={m.heads} attention "
+            f"heads: e.g. model.width={m.heads * max(1, m.width // m.heads)}"
+        )
 
 
 def _check_speed_options(cfg: Config) -> None:
     t = cfg.train
-    if cfg.task == Task.largest_batch and (t.compile or t.cuda_graph):
+    if cfg.task != Task.train and (t.compile or t.cuda_graph):
         key = "train.compile" if t.compile else "train.cuda_graph"
         raise ConfigError(
-            f"task=largest_batch runs eager steps at growing sizes (a graph or a compiled "
+            f"task={cfg.task} runs eager steps at growing sizes (a graph or a compiled "
             f"model would be rebuilt at every size): drop {key}=true for the search"
+        )
+    if cfg.task == Task.largest_model and cfg.model.name != "gpt":
+        raise ConfigError(
+            f"task=largest_model searches the widest model.name=gpt (model.width) that trains; "
+            f"model.name={cfg.model.name} has no width to search: add model.name=gpt "
+            "data.dataset=tokens"
         )
     if t.compile_mode != CompileMode.default and not t.compile:
         raise ConfigError(

@@ -41,6 +41,12 @@ class CommHook(Choice):
 class Task(Choice):
     train = "train"
     largest_batch = "largest_batch"  # search the largest global batch that fits
+    largest_model = "largest_model"  # search the widest model.name=gpt that trains at the batch
+
+
+class Optimizer(Choice):
+    sgd = "sgd"  # with train.momentum: the article's
+    adamw = "adamw"  # AdamW (betas 0.9, 0.999): what transformers train with; twice SGD's state
 
 
 class Precision(Choice):
@@ -64,11 +70,13 @@ DATASETS = {
     "synthetic": "embedded digits in MNIST's format, generated from the seed: needs nothing",
     "mnist": "real MNIST: fetch it first with `python -m train fetch-mnist`",
     "patterns": "embedded images of data.channels × data.image_size², data.classes classes",
+    "tokens": "embedded token sequences of data.seq_len from data.vocab, for model.name=gpt",
 }
 
 MODELS = {
     "convnet": "the pytorch/examples MNIST ConvNet (1.2 M parameters on 28×28 digits)",
     "resnet18": "torchvision's ResNet-18 (11 M parameters), a 3×3 stem for images under 96²",
+    "gpt": "a decoder-only transformer of model.width/depth/heads, for data.dataset=tokens",
 }
 
 FACTORY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
@@ -103,7 +111,9 @@ class TrainConfig:
     epochs: int = 10
     global_batch_size: int = 512  # split over all GPUs (DP) or all ranks (DDP)
     lr: float = 0.01
-    momentum: float = 0.9
+    optimizer: Optimizer = Optimizer.sgd
+    momentum: float = 0.9  # SGD's
+    weight_decay: float = 0.0
     seed: int = 0
     precision: Precision = Precision.fp32
     grad_accum_steps: int = 1  # DDP skips the all-reduce on all but the last (no_sync)
@@ -129,6 +139,9 @@ class DataConfig:
     channels: int = 3
     image_size: int = 32
     classes: int = 10
+    # The shape of data.dataset=tokens: sequences of seq_len tokens from a vocabulary of vocab.
+    seq_len: int = 128
+    vocab: int = 256
     num_workers: int = 0
     pin_memory: bool = True  # only where CUDA is available
     # Each GPU holds the whole split as uint8, normalises and gathers its batches itself, in the
@@ -140,6 +153,10 @@ class DataConfig:
 class ModelConfig:
     name: str = "convnet"  # one of MODELS, or a factory package.module:function
     dropout: bool = True
+    # The size of model.name=gpt: its embedding width, its number of blocks and of attention heads.
+    width: int = 256
+    depth: int = 4
+    heads: int = 4
 
 
 @dataclass

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from core.settings.schema import CommHook, Config, ConfigError
+from core.settings.schema import CommHook, Config, ConfigError, Optimizer
 
 if typing.TYPE_CHECKING:
     import torch
@@ -108,13 +108,8 @@ class Strategy:
         raise NotImplementedError
 
     def optimizer(self, cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
-        import torch
-
-        t = cfg.train
-        # The captured step's update is PyTorch's fused SGD: one kernel for all parameters (the
-        # default, foreach, takes two); the same arithmetic. GPU only, as the captured step is.
-        fused = True if t.cuda_graph else None
-        return torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, fused=fused)
+        kind, options = optimizer_of(cfg)
+        return kind(model.parameters(), **options)
 
     def scored(self, model: nn.Module) -> nn.Module:
         """The module evaluation runs: each rank scores its shard with the bare model."""
@@ -155,3 +150,20 @@ def refuse_compiled(cfg: Config, name: str, why: str) -> None:
     if t.compile or t.cuda_graph:
         key = "train.compile" if t.compile else "train.cuda_graph"
         raise ConfigError(why.format(key=key, name=name))
+
+
+def optimizer_of(cfg: Config) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The run's optimizer class and its settings (every strategy's, ZeRO's sharded too)."""
+    import torch
+
+    t = cfg.train
+    # The captured step's update is fused: one kernel for all parameters (the default, foreach,
+    # takes two), the same arithmetic, and for AdamW its step count on the GPU, as a graph
+    # needs. GPU only, as the captured step is.
+    fused = True if t.cuda_graph else None
+    if t.optimizer == Optimizer.adamw:
+        adamw = {"capturable": True} if t.cuda_graph else {}
+        options = {"lr": t.lr, "weight_decay": t.weight_decay, "fused": fused, **adamw}
+        return torch.optim.AdamW, options
+    options = {"lr": t.lr, "momentum": t.momentum, "weight_decay": t.weight_decay, "fused": fused}
+    return torch.optim.SGD, options

@@ -6,7 +6,7 @@ import typing
 from typing import Any
 
 from core.settings.schema import CommHook, Config
-from core.strategies.base import refuse_compiled
+from core.strategies.base import optimizer_of, refuse_compiled
 from core.strategies.ddp import DDP
 
 if typing.TYPE_CHECKING:
@@ -34,13 +34,10 @@ class Zero(DDP):
         super().check(cfg)
 
     def optimizer(self, cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
-        import torch
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        t = cfg.train
-        return ZeroRedundancyOptimizer(
-            model.parameters(), optimizer_class=torch.optim.SGD, lr=t.lr, momentum=t.momentum
-        )
+        kind, options = optimizer_of(cfg)
+        return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=kind, **options)
 
     def optimizer_state(
         self, model: nn.Module, optimizer: torch.optim.Optimizer
