@@ -92,6 +92,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure("tta_s", "time to target accuracy from submission", "s", "time", "to the end of the first epoch reaching it"),
     Figure("tta_data_s", "time to target accuracy from first data", "s", "time", "rank 0's first touch of the training data"),
     Figure("throughput", "throughput", "samples/s", "rate", "all ranks, steady state", digits=0),
+    Figure("tokens_per_s", "throughput", "tokens/s", "rate", "all ranks, steady state; token workloads", digits=0),
     Figure("startup_s", "start-up", "s", "time", "slowest rank"),
     Figure("energy_epoch_j", "energy per epoch", "J", "rate", "NVML, every card, training, median of epochs 2..N", digits=1),
     Figure("energy_kilosample_j", "energy per 1,000 samples", "J", "rate", "NVML, every card, training, median of epochs 2..N", digits=3),
@@ -483,7 +484,11 @@ def _row(
         "gpus": sum(int(s.get("gpu_count") or 0) for s in starts),
         "torch": start["torch"],
         "runs": 1,
-        **_timing(epochs, starts),
+        **(timing := _timing(epochs, starts)),
+        # A sample of the tokens is a sequence: its tokens are what a language model's speed counts.
+        "tokens_per_s": timing["throughput"] * cfg.data.seq_len
+        if cfg.data.dataset == "tokens"
+        else NOT_MEASURED,
         **_time_to_accuracy(ranks[0], cfg.train.target_accuracy, created),
         **_energy(ranks, epochs, starts),
         **_record_figures(ranks),

@@ -230,9 +230,16 @@ TIME_TO_ACCURACY = ("tta_s", "tta_data_s")  # NaN when no epoch reached the targ
 
 
 def figures(group: Group) -> list[Figure]:
-    """The figures that apply to the group: the largest model only where a width can be searched."""
+    """The figures that apply to the group: the largest model only where a width can be searched,
+    tokens/s only for token sequences."""
     searchable = group.key["model"].startswith("gpt ")
-    return [f for f in FIGURES if searchable or f.column not in SEARCHES["largest_model"]]
+    tokens = group.key["dataset"].startswith("tokens ")
+    return [
+        f
+        for f in FIGURES
+        if (searchable or f.column not in SEARCHES["largest_model"])
+        and (tokens or f.column != "tokens_per_s")
+    ]
 
 
 def measured(group: Group) -> tuple[list[Figure], list[Figure]]:

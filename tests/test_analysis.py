@@ -60,7 +60,8 @@ CPU_DP = "DP (one process, no DataParallel)"  # DP's heading in a group that ran
 GPU_ROWS = ("GPU util main card", "GPU util other cards", "peak memory main card")
 LEFT_OUT = "Not measured by any run here, so left out (null in csv/json): {}."
 GPU_ONLY = ("energy_epoch_j", "energy_kilosample_j", "energy_run_j", "gpu_seconds")
-MODEL_SEARCH = ("largest_width", "largest_model_parameters")  # shown in a GPT's group only
+# Shown in a GPT's group (on the tokens) only.
+GPT_ONLY = ("largest_width", "largest_model_parameters", "tokens_per_s")
 
 
 def _tables(markdown: str) -> dict[str, dict[str, list[str]]]:
@@ -96,7 +97,7 @@ def test_markdown_table_puts_dp_and_ddp_side_by_side(runs: dict[str, Path]) -> N
         f.label
         for f in FIGURES
         if f.card is None
-        and f.column not in ("largest_batch", "tta_s", "tta_data_s", *GPU_ONLY, *MODEL_SEARCH)
+        and f.column not in ("largest_batch", "tta_s", "tta_data_s", *GPU_ONLY, *GPT_ONLY)
     ]
     assert list(table) == measured
     assert "No run here reached the target accuracy (98.5 %): time to it left out." in out
@@ -207,7 +208,7 @@ def test_csv_and_json_carry_every_figure_as_numbers(runs: dict[str, Path]) -> No
     _, json_out, _ = _summarize(runs["dp"], runs["ddp"], "--format", "json")
     for frame in (pd.read_csv(io.StringIO(csv_out)), pd.DataFrame(json.loads(json_out)["records"])):
         # Every figure but the largest model's, which only a GPT group has.
-        assert set(frame["metric"]) == set(LABELS) - set(MODEL_SEARCH) and set(frame["mode"]) == {
+        assert set(frame["metric"]) == set(LABELS) - set(GPT_ONLY) and set(frame["mode"]) == {
             "dp",
             "ddp",
             "ddp_vs_dp",

@@ -131,6 +131,11 @@ def test_the_table_names_the_token_workload(runs: tuple[Path, dict[str, Path]]) 
     assert "tokens (sequences of 16, vocabulary 16)" in heading
     assert "gpt width 32, depth 2, 2 heads" in heading and "adamw (weight decay 0.01)" in heading
     assert "| runs | 1 | 1 | 1 | 1 |" in table.stdout
+    rows = {line.split(" | ")[0]: line.split(" | ")[1:5] for line in table.stdout.splitlines()}
+    samples = rows["| throughput (samples/s, all ranks, steady state)"]
+    tokens = rows["| throughput (tokens/s, all ranks, steady state; token workloads)"]
+    for per_sequence, per_token in zip(samples, tokens, strict=True):  # 16 tokens a sequence
+        assert float(per_token) == pytest.approx(16 * float(per_sequence), abs=16)
 
 
 def _searched(run_dir: Path, width: int | None, trials: list[tuple[int, bool]]) -> None:
