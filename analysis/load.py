@@ -10,7 +10,6 @@ import bisect
 import math
 import operator
 import os
-import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -160,11 +159,6 @@ def model_label(cfg: Config, width: bool = True) -> str:
     if m.name == "gpt":
         return f"gpt {f'width {m.width}, ' if width else ''}depth {m.depth}, {m.heads} heads"
     return m.name
-
-
-def model_family(label: str) -> str:
-    """A model's label less its width (model_label(cfg, width=False))."""
-    return re.sub(r"^gpt width \d+, ", "gpt ", label)
 
 
 def strategy_key(cfg: Config) -> str:
@@ -394,9 +388,8 @@ def _search_row(
         }
     else:
         largest = found.get("largest_global_batch")
-        figures = {
-            "largest_batch": float(largest or 0) if searched else NOT_MEASURED
-        }  # 0: none fits
+        # 0: no batch fits
+        figures = {"largest_batch": float(largest or 0) if searched else NOT_MEASURED}
     return {
         "run_id": run_id,
         "run_dir": str(run_dir),
@@ -483,6 +476,7 @@ def _row(
         "device_name": start["device_name"],
         "gpus": sum(int(s.get("gpu_count") or 0) for s in starts),
         "torch": start["torch"],
+        "model_family": model_label(cfg, width=False),  # what a largest-model search joins
         "runs": 1,
         **(timing := _timing(epochs, starts)),
         # A sample of the tokens is a sequence: its tokens are what a language model's speed counts.

@@ -23,7 +23,6 @@ from analysis.load import (
     SEARCHES,
     SETTINGS,
     Figure,
-    model_family,
 )
 from core import strategies
 
@@ -120,7 +119,7 @@ def _matching_searches(train: pd.DataFrame, searches: pd.DataFrame) -> pd.DataFr
         return searches
     keys = list(LARGEST_BATCH_KEYS)
     shapes = train[keys].drop_duplicates()
-    families = shapes.assign(model=shapes["model"].map(model_family)).drop_duplicates()
+    families = train[keys].assign(model=train["model_family"]).drop_duplicates()
     return pd.concat(
         [
             searches[searches["task"] == "largest_batch"].merge(shapes, on=keys),

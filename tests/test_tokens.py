@@ -13,7 +13,7 @@ import torch
 from kit import TINY_GPT, kit, records, run_folder
 
 from core.settings.schema import ModelConfig
-from core.strategies.fsdp import _units
+from core.strategies.fsdp import shard_units
 from train import data, loaders
 from train.model import GPT, build
 
@@ -73,7 +73,7 @@ def test_an_uneven_test_split_of_sequences_is_padded_with_a_blank_sequence() -> 
 
 def test_fsdp_gathers_the_gpt_block_by_block() -> None:
     model = build("gpt", (8,), 16, ModelConfig(name="gpt", width=16, depth=3, heads=2))
-    units = _units(model)
+    units = shard_units(model)
     assert [type(unit).__name__ for unit in units] == [
         "Embedding", "Embedding", "Dropout", "Block", "Block", "Block", "LayerNorm", "Linear",
     ]  # fmt: skip

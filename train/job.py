@@ -207,8 +207,7 @@ def _setup(
     imports = {"python_and_imports": round(entered - started, 3)}
     ctx = Context(cfg, env, device, gpus, run_dir, writer, stops, imports, last_mark=entered)
     # The largest-batch and largest-model searches run their steps in worker processes: this one
-    # keeps off the GPUs
-    # (no context, no communicator) and joins the others over gloo.
+    # keeps off the GPUs (no context, no communicator) and joins the others over gloo.
     searching = cfg.task != Task.train
     if device.type == "cuda" and not searching:
         torch.cuda.set_device(device)

@@ -243,8 +243,7 @@ def _trial(spec: Spec, value: int) -> tuple[Config, int]:
     task=largest_model a model.width of `value` at the run's global batch."""
     cfg = spec.cfg
     if cfg.task == Task.largest_model:
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, width=value))
-        value = cfg.train.global_batch_size
+        cfg, value = _at_width(cfg, value), cfg.train.global_batch_size
     return cfg, value // spec.world_size
 
 
@@ -406,6 +405,11 @@ def run(ctx: Context, started: float) -> dict[str, Any]:
 
 def _parameters(cfg: Config, shape: tuple[int, ...], classes: int, width: int) -> int:
     """The parameters of the model at `width`, counted on the meta device (nothing allocated)."""
-    wider = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, width=width))
     with torch.device("meta"):
-        return sum(p.numel() for p in workloads.build_model(wider, shape, classes).parameters())
+        model = workloads.build_model(_at_width(cfg, width), shape, classes)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _at_width(cfg: Config, width: int) -> Config:
+    """The settings with model.width set to `width`."""
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, width=width))

@@ -59,6 +59,8 @@ _RANGES: dict[str, tuple[int, int | None]] = {
     "output.progress_s": (0, 24 * 3600),
 }
 
+_DEFAULTS = Config()  # a setting equal to its value here was left unset
+
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 NAME_RULE = "letters, digits, '.', '_' and '-' (at most 64, starting with a letter or digit)"
@@ -95,7 +97,7 @@ def validate(cfg: Config) -> None:
         )
     if not 0 <= t.momentum < 1:
         raise ConfigError(f"train.momentum={t.momentum} must be in [0, 1), e.g. 0.9 (0: none)")
-    if t.optimizer != Optimizer.sgd and t.momentum != 0.9:
+    if t.optimizer != Optimizer.sgd and t.momentum != _DEFAULTS.train.momentum:
         raise ConfigError(
             f"train.momentum is SGD's; train.optimizer={t.optimizer} has its own (betas 0.9, "
             "0.999): drop train.momentum, or add train.optimizer=sgd"
@@ -175,17 +177,17 @@ def _check_workload(cfg: Config) -> None:
 
 # Settings that shape one built-in workload, and the dataset or model they belong to.
 _SHAPE_SETTINGS = {
-    "data.dataset=patterns": {"data.channels": 3, "data.image_size": 32, "data.classes": 10},
-    "data.dataset=tokens": {"data.seq_len": 128, "data.vocab": 256},
-    "model.name=gpt": {"model.width": 256, "model.depth": 4, "model.heads": 4},
+    "data.dataset=patterns": ("data.channels", "data.image_size", "data.classes"),
+    "data.dataset=tokens": ("data.seq_len", "data.vocab"),
+    "model.name=gpt": ("model.width", "model.depth", "model.heads"),
 }
 
 
 def _check_shape_settings(cfg: Config) -> None:
     """A shape setting only where its workload runs; the token model and data only together."""
-    for owner, defaults in _SHAPE_SETTINGS.items():
+    for owner, names in _SHAPE_SETTINGS.items():
         key, value = owner.split("=")
-        changed = [name for name, default in defaults.items() if _get(cfg, name) != default]
+        changed = [name for name in names if _get(cfg, name) != _get(_DEFAULTS, name)]
         if changed and _get(cfg, key) != value:
             raise ConfigError(
                 f"{changed[0]} sets the shape of {owner}; {key}={_get(cfg, key)} has its own: "

@@ -41,7 +41,7 @@ class FSDP(Strategy):
         from torch.distributed.fsdp import fully_shard
 
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-        for layer in _units(model):
+        for layer in shard_units(model):
             if next(layer.parameters(), None) is not None:
                 fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -97,7 +97,7 @@ def _whole() -> StateDictOptions:
     return StateDictOptions(full_state_dict=True)
 
 
-def _units(model: nn.Module) -> list[nn.Module]:
+def shard_units(model: nn.Module) -> list[nn.Module]:
     """The model's layers, each a unit gathered for its own forward and backward: its children,
     and a list of blocks (a ModuleList, which has no forward of its own) block by block, so that
     a transformer holds one whole block at a time."""

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from core.strategies.fsdp import shard_units
 from train.model import GPT, ConvNet, resnet18
 
 WORKLOADS = {  # sample shape, classes, model
@@ -77,9 +78,9 @@ def wrap(mode: str, model: nn.Module, rank: int) -> nn.Module:
         return nn.parallel.DistributedDataParallel(model, device_ids=[rank])
     from torch.distributed.fsdp import fully_shard
 
-    assert isinstance(model, GPT)
-    for unit in [*model.blocks, model.embed, model.position, model.norm, model.head]:
-        fully_shard(unit)
+    for unit in shard_units(model):  # the kit's units: block by block
+        if next(unit.parameters(), None) is not None:
+            fully_shard(unit)
     fully_shard(model)
     return model
 
