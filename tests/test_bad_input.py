@@ -485,6 +485,11 @@ CASES = [
         ("data.seq_len sets the shape of data.dataset=tokens", "add data.dataset=tokens"),
     ),
     Case(
+        "channels_last for tokens",
+        ("data.dataset=tokens", "model.name=gpt", "train.channels_last=true"),
+        ("train.channels_last=true lays out images", "data.dataset=tokens gives token", "drop it"),
+    ),
+    Case(
         "width over heads",
         ("data.dataset=tokens", "model.name=gpt", "model.width=100", "model.heads=3"),
         ("model.width=100 must split evenly over model.heads=3", "e.g. model.width=99"),

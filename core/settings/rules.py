@@ -204,6 +204,11 @@ def _check_shape_settings(cfg: Config) -> None:
             f"data.dataset=tokens gives token sequences, which model.name={m.name} cannot read: "
             "add model.name=gpt (or a factory of your own)"
         )
+    if d.dataset == "tokens" and cfg.train.channels_last:
+        raise ConfigError(
+            "train.channels_last=true lays out images (channels, height, width), but "
+            "data.dataset=tokens gives token sequences: drop it"
+        )
     if m.width % m.heads:
         raise ConfigError(
             f"model.width={m.width} must split evenly over model.heads={m.heads} attention "
