@@ -107,8 +107,9 @@ def test_metrics_reader_skips_what_it_cannot_read(tmp_path: Path) -> None:
 
 
 def test_batch_loaders_give_what_per_sample_collation_gave(tmp_path: Path) -> None:
-    """The host loader (whole batches by index) and the device loader (here on the CPU) serve
-    exactly the batches a DataLoader collating sample by sample serves, in its order."""
+    """The host loader (whole batches by index; normalised once, or batch by batch where they
+    are copied to a GPU) and the device loader (here on the CPU) serve exactly the batches a
+    DataLoader collating sample by sample serves, in its order."""
     import torch
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -123,7 +124,9 @@ def test_batch_loaders_give_what_per_sample_collation_gave(tmp_path: Path) -> No
         expected = list(DataLoader(reference, batch_size=64, sampler=sampler))
         host = loaders.host_loader(data.normalise(images), labels, sampler, 64, 0, False, 3)
         device = loaders.DeviceLoader(images, labels, sampler, 64, torch.device("cpu"))
-        for served in (list(host), list(device)):
+        raw = loaders.host_loader(images, labels, sampler, 64, 0, False, 3)
+        copied = loaders.ToDevice(raw, torch.device("cpu"), data.normalise)
+        for served in (list(host), list(device), list(copied)):
             assert len(served) == len(expected) == 3  # 150 per rank: 64, 64, 22
             for (x, y), (ex, ey) in zip(served, expected, strict=True):
                 assert torch.equal(x, ex) and torch.equal(y, ey)

@@ -271,6 +271,28 @@ def test_warm_up_then_captured_steps_match_plain_steps() -> None:
         torch.testing.assert_close(mine, theirs)
 
 
+def test_batches_normalised_on_the_gpu_equal_those_normalised_on_the_host(tmp_path: Path) -> None:
+    """The host path copies uint8 pixels and normalises them on the GPU: the batches are the
+    host's, up to float32's last place (CUDA divides by a number as a multiplication by its
+    reciprocal)."""
+    from torch.utils.data import DistributedSampler, TensorDataset
+
+    from train import data, loaders
+
+    folder = data.prepare_synthetic(tmp_path / "digits", seed=3, train_size=3000, test_size=10)
+    images, labels = data.load_raw(folder, "synthetic", train=True)
+    sampler = DistributedSampler(TensorDataset(labels), 1, 0, shuffle=True, seed=3)
+    host = loaders.host_loader(data.normalise(images), labels, sampler, 512, 0, False, 3)
+    raw = loaders.host_loader(images, labels, sampler, 512, 0, True, 3)
+    on_gpu = loaders.ToDevice(raw, torch.device("cuda", 0), data.normalise)
+    served = list(on_gpu)
+    assert len(served) == len(host) == 6
+    for (x, y), (hx, hy) in zip(served, host, strict=True):
+        assert x.device.type == "cuda" and x.dtype == torch.float32
+        torch.testing.assert_close(x.cpu(), hx, rtol=0, atol=1e-6)
+        assert torch.equal(y.cpu(), hy)
+
+
 def test_energy_is_read_per_epoch_and_per_run(tmp_path: Path) -> None:
     """NVML's counter: each epoch's training joules, and a run total that holds them (the total
     also counts evaluation and start-up); the table shows the rows."""

@@ -3,6 +3,8 @@
 # DP and DDP on the default path, then each preset twice (cold: the first job of its workload;
 # warm: the next one, which finds the first one's compile cache). Article settings otherwise.
 #   bash docs/benchmarks/tta.sh OUT [more settings]
+# REPEATS=N runs the default path's DP and DDP N times each (default 1); PRESETS="quick" leaves
+# fast.yaml out (default "quick fast").
 # Every job compiles into an Inductor folder of its own, as a job on another node would: what a
 # warm job finds comes from the kit's compile cache (OUT/runs/compile-cache), nothing else.
 set -euo pipefail
@@ -20,16 +22,20 @@ submit() {  # NAME ROOT, then the submission's own arguments
 }
 # The digits made once beforehand: no timed job pays for making them.
 submit digits "$OUT/prepare" --mode ddp train.epochs=1 "$@"
-submit dp "$OUT/runs" --mode dp "$@"
-submit ddp "$OUT/runs" --mode ddp "$@"
-for preset in quick fast; do
+for _ in $(seq "${REPEATS:-1}"); do
+    submit dp "$OUT/runs" --mode dp "$@"
+    submit ddp "$OUT/runs" --mode ddp "$@"
+done
+for preset in ${PRESETS:-quick fast}; do
     for attempt in cold warm; do
         submit "$preset-$attempt" "$OUT/runs" --mode ddp --config "docs/examples/$preset.yaml" "$@"
     done
 done
-for attempt in cold warm; do  # fast.yaml with the default compile mode: no autotuning
-    submit "fast-default-$attempt" "$OUT/runs" --mode ddp --config docs/examples/fast.yaml \
-        train.compile_mode=default "$@"
-done
+if [[ " ${PRESETS:-fast} " == *" fast "* ]]; then
+    for attempt in cold warm; do  # fast.yaml with the default compile mode: no autotuning
+        submit "fast-default-$attempt" "$OUT/runs" --mode ddp --config docs/examples/fast.yaml \
+            train.compile_mode=default "$@"
+    done
+fi
 python3 -m analysis summarize "$OUT/runs"
 python3 docs/benchmarks/tta_runs.py "$OUT/runs"
