@@ -511,3 +511,27 @@ def test_the_time_to_accuracy_benchmark_lists_each_run(
         assert cells[1] == f"{mode}, none"
         final = records(runs[mode], 0)[-1]["final_test_accuracy"]
         assert cells[-1] == f"{100 * final:.2f} |"
+
+
+def test_the_scaling_table_gives_the_published_speed_ups() -> None:
+    """docs/benchmarks/scaling_table.py, which scaling.sh ends with, over the published speed
+    runs on 1 and 2 × H200: the speed-ups the speed benchmark's README states (1.37× default,
+    1.39× fast path, 1.96× compute-bound), a path with no one-GPU run n/m."""
+    import subprocess
+    import sys
+
+    from kit import REPO
+
+    done = subprocess.run(
+        [sys.executable, str(REPO / "docs/benchmarks/scaling_table.py"),
+         str(REPO / "docs/benchmarks/speed-h200x2/runs")],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [line.split(" | ") for line in done.stdout.splitlines()[2:]]
+    speed_ups = {(r[0].lstrip("| "), r[1], r[3]): r[-1].rstrip(" |") for r in rows}
+    fast = "ddp, bf16, data on device, channels_last, cudnn benchmark, compile"
+    assert speed_ups[("ddp, fp32, none", "512", "2")] == "1.37×"
+    assert speed_ups[(f"{fast} (max-autotune-no-cudagraphs), CUDA graph", "512", "2")] == "1.39×"
+    assert speed_ups[(f"{fast}, CUDA graph", "16000", "2")] == "1.96×"
+    assert speed_ups[("dp, fp32, none", "512", "2")] == "n/m"
