@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,33 @@ def test_batch_loaders_give_what_per_sample_collation_gave(tmp_path: Path) -> No
             assert len(served) == len(expected) == 3  # 150 per rank: 64, 64, 22
             for (x, y), (ex, ey) in zip(served, expected, strict=True):
                 assert torch.equal(x, ex) and torch.equal(y, ey)
+
+
+def test_a_loader_left_mid_epoch_leaves_no_thread_behind(tmp_path: Path) -> None:
+    """A stop at a step boundary leaves the epoch's batches mid-way: the thread fetching the
+    next batch ends with them, and a fetch that failed reaches the loop as its error."""
+    import threading
+
+    from train import data, loaders
+
+    folder = prepare_synthetic(tmp_path / "digits", seed=3, train_size=300, test_size=10)
+    images, labels = data.load_raw(folder, "synthetic", train=True)
+    before = threading.active_count()
+    raw = loaders.host_loader(images, labels, range(300), 32, 0, False, 3)
+    batches = iter(loaders.ToDevice(raw, torch.device("cpu"), data.normalise))
+    next(batches), next(batches)
+    assert threading.active_count() == before + 1  # fetching the third
+    batches.close()  # what leaving the loop does to it
+    assert threading.active_count() == before
+
+    def failing() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        yield images[:4], labels[:4]
+        raise OSError("the data's disk went away")
+
+    broken = loaders.ToDevice(failing(), torch.device("cpu"), data.normalise)  # type: ignore[arg-type]
+    with pytest.raises(OSError, match="disk went away"):
+        list(broken)
+    assert threading.active_count() == before
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
