@@ -485,6 +485,28 @@ CASES = [
         ("data.seq_len sets the shape of data.dataset=tokens", "add data.dataset=tokens"),
     ),
     Case(
+        "a batch larger than the training split",
+        ("data.train_size=1000", "train.global_batch_size=2048", "cluster.gpus_per_node=4"),
+        (
+            "train.global_batch_size=2048 is larger than the 1000 training samples",
+            "one step of 1000",
+            "use train.global_batch_size=1000",
+        ),
+    ),
+    Case(
+        "a batch larger than real MNIST",
+        ("data.dataset=mnist", "train.global_batch_size=65536", "cluster.gpus_per_node=1"),
+        (
+            "larger than the 60000 training samples of data.dataset=mnist",
+            "use train.global_batch_size=60000",
+        ),
+    ),
+    Case(
+        "a training split smaller than the ranks",
+        ("data.train_size=3", "train.global_batch_size=8", "cluster.gpus_per_node=4"),
+        ("larger than the 3 training samples", "use data.train_size=4 or more"),
+    ),
+    Case(
         "channels_last for tokens",
         ("data.dataset=tokens", "model.name=gpt", "train.channels_last=true"),
         ("train.channels_last=true lays out images", "data.dataset=tokens gives token", "drop it"),

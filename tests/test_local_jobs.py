@@ -189,7 +189,7 @@ def test_a_run_whose_loss_becomes_nan_ends_diverged(tmp_path: Path) -> None:
     where = ["cluster.backend=local", f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
     done = kit(
         "launch", "submit", "--mode", "ddp", *SMALL, "cluster.gpus_per_node=2", "train.lr=1e12",
-        "data.train_size=256", *where, "--wait", "-v",
+        "data.train_size=256", "train.global_batch_size=128", *where, "--wait", "-v",
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     run_dir = run_folder(done.stdout)

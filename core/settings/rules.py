@@ -447,6 +447,29 @@ def _check_batch_split(cfg: Config) -> None:
             f"× {cfg.train.grad_accum_steps} accumulation step(s): use a multiple of {parts}, "
             f"e.g. train.global_batch_size={nearest}"
         )
+    _check_batch_fits_data(cfg, parts)
+
+
+MNIST_TRAIN = 60000  # real MNIST's training split, whatever data.train_size says
+
+
+def _check_batch_fits_data(cfg: Config, parts: int) -> None:
+    """A training batch larger than the training split would train on the split once an epoch
+    while the run and its table said a larger batch. Searches run on random batches; a user's
+    dataset's size is known only in the job."""
+    d, batch = cfg.data, cfg.train.global_batch_size
+    if cfg.task != Task.train or FACTORY.fullmatch(d.dataset):
+        return
+    samples = MNIST_TRAIN if d.dataset == "mnist" else d.train_size
+    if batch <= samples:
+        return
+    fix = f"train.global_batch_size={samples // parts * parts} (a whole epoch a step)"
+    if samples < parts:
+        fix = f"data.train_size={parts} or more"
+    raise ConfigError(
+        f"train.global_batch_size={batch} is larger than the {samples} training samples of "
+        f"data.dataset={d.dataset}: every epoch would be one step of {samples}; use {fix}"
+    )
 
 
 def _get(cfg: Config, dotted: str) -> Any:
