@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -266,17 +267,21 @@ def _local_gpus() -> int:
     """The CUDA GPUs a job started here would see, without importing torch (4 s of the
     launcher's 5 on the GPU machine): NVML's count, narrowed by CUDA_VISIBLE_DEVICES as CUDA
     narrows it. The job checks again with torch before it trains."""
+    return visible_count(_nvml_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+@functools.cache  # the machine's GPUs: one NVML start-up per launcher, not one per question
+def _nvml_count() -> int:
     try:
         import pynvml
 
         pynvml.nvmlInit()
         try:
-            count = int(pynvml.nvmlDeviceGetCount())
+            return int(pynvml.nvmlDeviceGetCount())
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # no NVIDIA driver (or no NVML library): no GPU
         return 0
-    return visible_count(count, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def visible_count(count: int, visible: str | None) -> int:
