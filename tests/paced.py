@@ -14,6 +14,7 @@ from typing import Any
 
 PACE_S = 0.6  # per forward pass: 6 steps an epoch make about 4 s
 PACED = "model.name=tests.paced:convnet"  # the setting that picks it
+PACED_GPT = "model.name=tests.paced:gpt"  # the tiny GPT, paced: with data.dataset=tokens
 # Twice the pace: 12 epochs of `test_resume.WORK` take about 115 s, longer than a 2-minute job
 # trains before its 30-s lead even where the job starts in no time.
 SLOW_PACED = "model.name=tests.paced:slow_convnet"
@@ -28,6 +29,16 @@ def convnet(shape: tuple[int, ...], classes: int) -> Any:
 
 def slow_convnet(shape: tuple[int, ...], classes: int) -> Any:
     return _paced(shape, classes, 2 * PACE_S)
+
+
+def gpt(shape: tuple[int, ...], classes: int) -> Any:
+    """The GPT of `model.name=gpt` at kit.TINY_GPT's width, depth and heads on the tokens
+    (`shape`: the sequence length, `classes`: the vocabulary), each forward pass paced."""
+    from train.model import GPT
+
+    model = GPT(shape[0], classes, width=32, depth=2, heads=2)
+    model.register_forward_pre_hook(lambda module, args: time.sleep(PACE_S))
+    return model
 
 
 def _paced(shape: tuple[int, ...], classes: int, seconds: float) -> Any:
