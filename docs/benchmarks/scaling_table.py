@@ -8,10 +8,11 @@ summarize` pools.
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
-from analysis.load import load_runs, resolve_run_dirs
+from analysis.load import RunDirError, load_runs, resolve_run_dirs
 
 PATH = ["mode", "precision", "speed_options", "global_batch", "train_samples", "nodes"]
 
@@ -19,6 +20,8 @@ PATH = ["mode", "precision", "speed_options", "global_batch", "train_samples", "
 def table(root: Path) -> str:
     frame, notes = load_runs(resolve_run_dirs([root], root))
     print("\n".join(notes), file=sys.stderr)
+    if frame.empty:
+        return "no finished training run here"
     frame = frame[frame["task"] == "train"]
     frame = frame.assign(gpus_total=frame["nodes"] * frame["gpus_per_node"])
     lines = [
@@ -30,7 +33,8 @@ def table(root: Path) -> str:
         seconds = by_gpus["epoch_s"].median()
         one = seconds.get(1)
         for gpus, runs in by_gpus:
-            speed_up = f"{one / seconds[gpus]:.2f}×" if one else "n/m"
+            ratio = one / seconds[gpus] if one is not None and seconds[gpus] > 0 else math.nan
+            speed_up = f"{ratio:.2f}×" if math.isfinite(ratio) else "n/m"
             lines.append(
                 f"| {mode}, {precision}, {options} | {batch} | {samples} | {gpus} | {len(runs)} | "
                 f"{seconds[gpus]:.4f} | {runs['throughput'].median():.0f} | {speed_up} |"
@@ -39,4 +43,7 @@ def table(root: Path) -> str:
 
 
 if __name__ == "__main__":
-    print(table(Path(sys.argv[1])))
+    try:
+        print(table(Path(sys.argv[1])))
+    except RunDirError as err:
+        sys.exit(f"error: {err}")
