@@ -30,6 +30,7 @@ from core import container, datafiles, factories, runfolder, slurm, strategies
 from core.errors import KitError
 from core.settings.loading import to_dict
 from core.settings.rules import (
+    check_batch_fits_data,
     check_hardware,
     cpus_per_task,
     signal_delay_s,
@@ -146,6 +147,7 @@ def _check_container(cfg: Config, backend: Backend, dry_run: bool) -> None:
 def _check_data(cfg: Config) -> None:
     """data.root must be a folder the job can read or make; a dataset the job cannot make
     (real MNIST) must be there now. The embedded datasets are written by the job if missing."""
+    check_batch_fits_data(cfg)
     root = runfolder.expand("data.root", cfg.data.root)
     existing = next(p for p in [root, *root.parents] if p.exists())
     if not existing.is_dir():

@@ -492,6 +492,7 @@ CASES = [
             "one step of 1000",
             "use train.global_batch_size=1000",
         ),
+        SUBMIT_ONLY,
     ),
     Case(
         "a batch larger than real MNIST",
@@ -500,11 +501,13 @@ CASES = [
             "larger than the 60000 training samples of data.dataset=mnist",
             "use train.global_batch_size=60000",
         ),
+        SUBMIT_ONLY,
     ),
     Case(
         "a training split smaller than the ranks",
         ("data.train_size=3", "train.global_batch_size=8", "cluster.gpus_per_node=4"),
         ("larger than the 3 training samples", "use data.train_size=4 or more"),
+        SUBMIT_ONLY,
     ),
     Case(
         "channels_last for tokens",

@@ -447,19 +447,20 @@ def _check_batch_split(cfg: Config) -> None:
             f"× {cfg.train.grad_accum_steps} accumulation step(s): use a multiple of {parts}, "
             f"e.g. train.global_batch_size={nearest}"
         )
-    _check_batch_fits_data(cfg, parts)
 
 
 MNIST_TRAIN = 60000  # real MNIST's training split, whatever data.train_size says
 
 
-def _check_batch_fits_data(cfg: Config, parts: int) -> None:
-    """A training batch larger than the training split would train on the split once an epoch
-    while the run and its table said a larger batch. Searches run on random batches; a user's
-    dataset's size is known only in the job."""
+def check_batch_fits_data(cfg: Config) -> None:
+    """A training run's batch no larger than its training split: a larger one would train on
+    the split once an epoch while the run and its table said the larger batch. Asked where a
+    run is submitted (preparing the data trains nothing); searches run on random batches; a
+    user's dataset's size is known only in the job."""
     d, batch = cfg.data, cfg.train.global_batch_size
     if cfg.task != Task.train or FACTORY.fullmatch(d.dataset):
         return
+    parts = world_size(cfg) * cfg.train.grad_accum_steps
     samples = MNIST_TRAIN if d.dataset == "mnist" else d.train_size
     if batch <= samples:
         return
