@@ -13,6 +13,7 @@ from core import container, runfolder, strategies
 from core.cli import EXIT_INTERRUPTED, ArgumentParser, add_common_flags, run_cli
 from core.errors import KitError
 from core.settings.loading import load_config, to_yaml
+from core.settings.rules import check_batch_fits_data
 from core.settings.schema import Config, ConfigError
 from core.strategies import STRATEGIES
 
@@ -311,6 +312,7 @@ def _prepare(args: argparse.Namespace) -> int:
     restarted = os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0")
     run_dir = runfolder.find_for_job(root, job_id) if restarted and job_id else None
     if run_dir is None:
+        check_batch_fits_data(cfg)  # what `launch submit` asks of a run: a new one is made here
         run_dir = runfolder.create(cfg, launcher=args.launcher, backend="slurm", command=sys.argv)
         runfolder.update_meta(run_dir, job_id=job_id)
     if args.shell:  # the paths, then the task's command (inside the container, if one is set)

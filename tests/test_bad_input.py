@@ -22,6 +22,8 @@ from train.data import _write_idx, synthetic_digits
 NO_CUDA = not torch.cuda.is_available()
 EVERY_COMMAND = (("submit",), ("submit", "--dry-run"), ("config",))
 SUBMIT_ONLY = (("submit",), ("submit", "--dry-run"))  # `config` checks neither hardware nor disk
+# What a new run is asked, by `launch submit` and by the sbatch scripts' `launch prepare`.
+NEW_RUN = (*SUBMIT_ONLY, ("prepare",))
 
 
 @dataclass(frozen=True)
@@ -492,7 +494,7 @@ CASES = [
             "one step of 1000",
             "use train.global_batch_size=1000",
         ),
-        SUBMIT_ONLY,
+        NEW_RUN,
     ),
     Case(
         "a batch larger than real MNIST",
@@ -501,13 +503,13 @@ CASES = [
             "larger than the 60000 training samples of data.dataset=mnist",
             "use train.global_batch_size=60000",
         ),
-        SUBMIT_ONLY,
+        NEW_RUN,
     ),
     Case(
         "a training split smaller than the ranks",
         ("data.train_size=3", "train.global_batch_size=8", "cluster.gpus_per_node=4"),
         ("larger than the 3 training samples", "use data.train_size=4 or more"),
-        SUBMIT_ONLY,
+        NEW_RUN,
     ),
     Case(
         "channels_last for tokens",
