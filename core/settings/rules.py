@@ -277,7 +277,12 @@ def signal_delay_s(cfg: Config) -> int:
 
 def per_rank_batch(cfg: Config) -> int:
     """Samples one process takes per micro-step (DP then scatters it over its GPUs)."""
-    return cfg.train.global_batch_size // (world_size(cfg) * cfg.train.grad_accum_steps)
+    return cfg.train.global_batch_size // _batch_parts(cfg)
+
+
+def _batch_parts(cfg: Config) -> int:
+    """The micro-batches a global batch splits into: one per process and accumulation step."""
+    return world_size(cfg) * cfg.train.grad_accum_steps
 
 
 def check_hardware(cfg: Config, gpus_visible: int, local_tasks: int) -> None:
@@ -438,7 +443,7 @@ def _check_container(c: ContainerConfig) -> None:
 
 
 def _check_batch_split(cfg: Config) -> None:
-    parts = world_size(cfg) * cfg.train.grad_accum_steps
+    parts = _batch_parts(cfg)
     batch = cfg.train.global_batch_size
     if batch % parts:
         nearest = max(parts, round(batch / parts) * parts)
@@ -460,7 +465,7 @@ def check_batch_fits_data(cfg: Config) -> None:
     d, batch = cfg.data, cfg.train.global_batch_size
     if cfg.task != Task.train or FACTORY.fullmatch(d.dataset):
         return
-    parts = world_size(cfg) * cfg.train.grad_accum_steps
+    parts = _batch_parts(cfg)
     samples = MNIST_TRAIN if d.dataset == "mnist" else d.train_size
     if batch <= samples:
         return
