@@ -22,9 +22,9 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DistributedSampler, TensorDataset
 
+from core.settings.rules import per_rank_batch
 from core.settings.schema import Config
 from train import loaders, steps, workloads
-from train.model import build
 
 
 def timed(label: str, steps_: int, work: Callable[[], None]) -> None:
@@ -43,15 +43,16 @@ def main() -> None:
     dist.init_process_group("nccl")
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
-    cfg = Config()
-    cfg.data.root = root
+    cfg = Config()  # DDP, the article's settings
+    cfg.data.root, cfg.cluster.gpus_per_node = root, 1
     work = workloads.load(cfg, 0, lambda: None)
     sampler = DistributedSampler(TensorDataset(work.train[1]), 1, 0, shuffle=True, seed=0)
-    loader = loaders.loader(work.train, sampler, 512, device, cfg, work.normalise)
+    batch = per_rank_batch(cfg)
+    loader = loaders.loader(work.train, sampler, batch, device, cfg, work.normalise)
     batches = len(loader)
-    model = build("convnet").to(device)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    # The model wrapped as the run's strategy wraps it (DDP), with the strategy's optimizer.
+    built = workloads.build_model(cfg, work.sample_shape, work.classes)
+    ddp, optimizer = workloads.prepare(cfg, built, device, 1)
     scaler = torch.amp.GradScaler(enabled=False)
     step = steps.EagerStep(ddp, optimizer, scaler, 1, steps.autocast(device, "fp32"))
     x0, y0 = next(iter(loader))

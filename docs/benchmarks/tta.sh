@@ -26,12 +26,13 @@ for _ in $(seq "${REPEATS:-1}"); do
     submit dp "$OUT/runs" --mode dp "$@"
     submit ddp "$OUT/runs" --mode ddp "$@"
 done
-for preset in ${PRESETS:-quick fast}; do
+presets=" ${PRESETS:-quick fast} "
+for preset in $presets; do
     for attempt in cold warm; do
         submit "$preset-$attempt" "$OUT/runs" --mode ddp --config "docs/examples/$preset.yaml" "$@"
     done
 done
-if [[ " ${PRESETS:-fast} " == *" fast "* ]]; then
+if [[ $presets == *" fast "* ]]; then
     for attempt in cold warm; do  # fast.yaml with the default compile mode: no autotuning
         submit "fast-default-$attempt" "$OUT/runs" --mode ddp --config docs/examples/fast.yaml \
             train.compile_mode=default "$@"
