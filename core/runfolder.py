@@ -43,8 +43,11 @@ STATE = "checkpoints/state.pt"  # the whole training state a job resumes from
 # A sharded strategy's (FSDP's) model and optimizer state: one torch.distributed.checkpoint
 # folder per save, each rank writing its own shards; state.pt names the one it belongs to.
 SHARDS = "checkpoints/shards"
+# Under logs/: the port a local job's rendezvous store took, for its other processes to read.
+STORE_PORT = "store-{job}.port"
 CLAIM = ".submitting"  # locked while a launcher checks the folder is free and submits into it
 KINDS = ("start", "epoch", "progress", "notice", "stop", "error", "summary")
+ENDS = ("error", "summary", "stop")  # the kinds a rank's attempt ends with
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9@+=:,./_-]+")  # needs no shell quoting; no Slurm % pattern
 
 
@@ -434,7 +437,7 @@ def lost_peer(error: dict[str, Any]) -> bool:
 def went_silent(view: list[dict[str, Any]]) -> bool:
     """A rank that started and then wrote nothing more of its end: no error, stop or summary."""
     kinds = {r.get("kind") for r in view}
-    return "start" in kinds and not kinds & {"error", "summary", "stop"}
+    return "start" in kinds and not kinds & set(ENDS)
 
 
 def nodes_of(run_dir: Path) -> list[str]:
@@ -482,6 +485,31 @@ def fingerprint(run_dir: Path) -> tuple[object, ...] | None:
 def _identity(entry: os.DirEntry[str]) -> tuple[str, int, int, int]:
     got = entry.stat()
     return entry.name, got.st_ino, got.st_size, got.st_mtime_ns
+
+
+def publish_store_port(run_dir: Path, job_id: str, port: int) -> None:
+    """Tell the job's other processes where its store listens (written whole or not at all)."""
+    path = _store_port_path(run_dir, job_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    staging.write_text(str(port))
+    os.replace(staging, path)
+
+
+def published_store_port(run_dir: Path, job_id: str) -> int | None:
+    """The port the job's store published, or None while it has not."""
+    with contextlib.suppress(OSError, ValueError):
+        return int(_store_port_path(run_dir, job_id).read_text())
+    return None
+
+
+def forget_store_port(run_dir: Path, job_id: str) -> None:
+    """Once every process has joined: a requeued attempt of the same job publishes anew."""
+    _store_port_path(run_dir, job_id).unlink(missing_ok=True)
+
+
+def _store_port_path(run_dir: Path, job_id: str) -> Path:
+    return run_dir / LOGS / STORE_PORT.format(job=job_id)
 
 
 def metrics_path(run_dir: Path, rank: int) -> Path:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import random
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -10,8 +13,16 @@ import submitit
 
 from core import slurm
 from core.settings.loading import load_config
-from train.distenv import DistEnv, detect, first_host, port_for_job, tasks_on_node
-from train.job import LaunchError, check_launch
+from train.distenv import (
+    PICK_PORT,
+    DistEnv,
+    DistEnvError,
+    detect,
+    first_host,
+    port_for_job,
+    tasks_on_node,
+)
+from train.job import LaunchError, _rendezvous, check_launch
 
 # What a real `srun -N2 -n4` sets for its third task (node 1, local rank 0).
 SRUN_TASK_2 = {
@@ -125,7 +136,33 @@ def test_submitit_local_tasks(tmp_path: Path) -> None:
         (1, 1, 2, 2),
     ]
     assert {e.source for e in envs} == {"submitit"}
-    assert envs[0].master_port == envs[1].master_port  # both derive it from the one job id
+    # A local job's id is a process id, which may be a Slurm job's too: its store picks a port.
+    assert envs[0].master_port == envs[1].master_port == PICK_PORT
+
+
+LOCAL_RANK_0 = DistEnv(
+    rank=0, local_rank=0, world_size=2, local_world_size=2, node_rank=0,
+    master_addr="127.0.0.1", master_port=PICK_PORT, job_id="4242", source="submitit",
+)  # fmt: skip
+LOCAL_RANK_1 = dataclasses.replace(LOCAL_RANK_0, rank=1, local_rank=1)
+
+
+def test_a_local_jobs_store_picks_a_port_and_tells_the_other_processes(tmp_path: Path) -> None:
+    """The store binds a port the system picks and publishes it in the run folder; the other
+    process, started first, waits for it there, and both meet at that port."""
+    timeout = datetime.timedelta(seconds=60)
+    with ThreadPoolExecutor(2) as pool:
+        client = pool.submit(_rendezvous, LOCAL_RANK_1, tmp_path, timeout)
+        server = pool.submit(_rendezvous, LOCAL_RANK_0, tmp_path, timeout)
+        (env0, meet0), (env1, meet1) = server.result(), client.result()
+    assert env0.master_port == env1.master_port != PICK_PORT
+    meet0["store"].set("greeting", "hello")
+    assert meet1["store"].get("greeting") == b"hello"
+
+
+def test_a_process_whose_store_never_starts_names_where_to_look(tmp_path: Path) -> None:
+    with pytest.raises(DistEnvError, match=r"published no rendezvous port .*launch logs"):
+        _rendezvous(LOCAL_RANK_1, tmp_path, datetime.timedelta(seconds=0.5))
 
 
 def test_script_started_without_srun_names_the_fix() -> None:

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import time
 from functools import partial
@@ -92,6 +93,26 @@ def test_a_stalled_rank_ends_the_job_in_time_and_is_named(tmp_path: Path, backen
     status = kit("launch", "status", str(run_dir)).stdout
     assert " FAILED " in status and f"{run_dir.name}: rank 1 on " in status, status
     assert "stopped answering" in status
+
+
+def test_a_taken_port_fails_a_local_job_at_once_and_names_the_fix(tmp_path: Path) -> None:
+    """Another program listens on the job's port: rank 0 cannot serve the store there and says
+    so; rank 1, connected to a listener that never answers, is ended with it (as `srun
+    --kill-on-bad-exit` ends a Slurm job's), not left to wait out dist.timeout_s."""
+    with socket.create_server(("", 0)) as taken:
+        port = taken.getsockname()[1]
+        args = ["--mode", "ddp", "cluster.backend=local", "cluster.gpus_per_node=2", *SMALL]
+        where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
+        done = kit(
+            "launch", "submit", *args, *where, f"dist.port={port}", "dist.timeout_s=3600",
+            "--wait", timeout=240,
+        )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (
+        f"rank 0 on {socket.gethostname()} failed first: DistEnvError: port {port}" in done.stdout
+    )
+    assert "set dist.port to a free port" in done.stdout
+    assert "Traceback" not in done.stdout
 
 
 @pytest.mark.slurm

@@ -108,6 +108,7 @@ def detect(environ: Mapping[str, str] | None = None, port: int = 0) -> DistEnv:
     return DistEnv(source=source, **found)
 
 
+PICK_PORT = 0  # the store binds a free port and tells the job's other processes (a local job)
 PORT_LOW, PORT_COUNT = 20000, 12768  # 20000–32767: below Linux's ephemeral range (32768–60999)
 
 
@@ -209,7 +210,8 @@ def _from_submitit(env: Mapping[str, str]) -> dict[str, Any]:
 
     job = submitit.JobEnvironment()
     job_id = str(job.job_id)
-    hosts = job.hostnames if env.get("SUBMITIT_EXECUTOR") == "slurm" else ["127.0.0.1"]
+    on_slurm = env.get("SUBMITIT_EXECUTOR") == "slurm"
+    hosts = job.hostnames if on_slurm else ["127.0.0.1"]
     return {
         "rank": job.global_rank,
         "local_rank": job.local_rank,
@@ -218,8 +220,10 @@ def _from_submitit(env: Mapping[str, str]) -> dict[str, Any]:
         "node_rank": job.node,
         "master_addr": hosts[0],
         # Slurm's own id of this job: an array element's is its own (not J_K), unique among the
-        # jobs around it, so no element shares a port with the plain job Slurm numbers J+1.
-        "master_port": port_for_job(env.get("SLURM_JOB_ID") or job_id),
+        # jobs around it, so no element shares a port with the plain job Slurm numbers J+1. A
+        # local job's id is a process id, which may match a Slurm job's on this machine: its store
+        # takes a port the system knows is free (PICK_PORT).
+        "master_port": port_for_job(env.get("SLURM_JOB_ID") or job_id) if on_slurm else PICK_PORT,
         "job_id": job_id,
     }
 

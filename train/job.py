@@ -146,16 +146,34 @@ SILENT_GRACE_S = 5.0  # time for the other failing ranks to record their own err
 
 def _end_silent_peers(run_dir: Path, rank: int) -> None:
     """What `srun --kill-on-bad-exit` does on Slurm, for the local backend: after a failure, end
-    this machine's ranks that went silent (stalled, say) rather than leave them to the time limit."""
+    the job's other tasks that have not ended of themselves in this attempt (stalled, or still
+    starting: waiting for a store or a peer that will never come) rather than leave them to the
+    time limit."""
     time.sleep(SILENT_GRACE_S)
-    host = socket.gethostname()
-    for other in runfolder.rank_files(run_dir):
-        view = runfolder.read_rank(run_dir, other)
-        starts = runfolder.of_kind(view, "start")
-        if other == rank or not runfolder.went_silent(view) or starts[-1].get("host") != host:
+    attempt = process_start_time() - 1.0  # the controller starts a local job's tasks together
+    for pid, other in _sibling_tasks().items():
+        records = runfolder.read_rank(run_dir, other)
+        ended = [r for r in records if r.get("kind") in runfolder.ENDS and r["time"] >= attempt]
+        if other != rank and not ended:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _sibling_tasks() -> dict[int, int]:
+    """The other tasks of this local job by PID, with their ranks: the processes submitit's
+    controller (this one's parent) started."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
             continue
-        with contextlib.suppress(OSError, TypeError):
-            os.kill(int(starts[-1]["pid"]), signal.SIGKILL)
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            if parent != os.getppid():
+                continue
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            ranks = [v for v in environ if v.startswith(b"SUBMITIT_LOCAL_GLOBALID=")]
+            found[int(entry)] = int(ranks[0].split(b"=", 1)[1])
+    return found
 
 
 def check_launch(cfg: Config, env: distenv.DistEnv, environ: dict[str, str] | None = None) -> None:
@@ -214,33 +232,69 @@ def _setup(
         torch.empty(0, device=device)  # the CUDA context, made here rather than by the data
         ctx.lap("cuda_context")
     if strategies.of(cfg).per_gpu:
-        env.export()
+        timeout = datetime.timedelta(seconds=cfg.dist.timeout_s)
+        ctx.env, meet = _rendezvous(env, run_dir, timeout)
+        ctx.env.export()
         log.debug(
             "rank %d: rendezvous at %s:%s, %d rank(s), timeout %d s",
-            env.rank, env.master_addr, env.master_port, env.world_size, cfg.dist.timeout_s,
+            env.rank, env.master_addr, ctx.env.master_port, env.world_size, cfg.dist.timeout_s,
         )  # fmt: skip
-        timeout = datetime.timedelta(seconds=cfg.dist.timeout_s)
         dist.init_process_group(
-            backend="gloo" if searching else dist_backend(cfg), timeout=timeout,
-            **_rendezvous(env, timeout),
-        )  # fmt: skip
+            backend="gloo" if searching else dist_backend(cfg), timeout=timeout, **meet
+        )
+        if env.master_port == distenv.PICK_PORT and env.serves_store:
+            runfolder.forget_store_port(run_dir, env.job_id)  # every process has joined
         stops.join()
     ctx.lap("process_group")
     return ctx
 
 
-def _rendezvous(env: distenv.DistEnv, timeout: datetime.timedelta) -> dict[str, Any]:
-    """How the process group meets: under Slurm and submitit a store served on master_addr by
-    the first task there (`DistEnv.serves_store`), not by rank 0 wherever it runs; torchrun's
-    and a single process's through env://, as torchrun expects."""
+def _rendezvous(
+    env: distenv.DistEnv, run_dir: Path, timeout: datetime.timedelta
+) -> tuple[distenv.DistEnv, dict[str, Any]]:
+    """How the process group meets, and the environment with the store's port: under Slurm and
+    submitit a store served on master_addr by the first task there (`DistEnv.serves_store`), not
+    by rank 0 wherever it runs; torchrun's and a single process's through env://, as torchrun
+    expects. A local job's store binds a port the system picks and publishes it in the run
+    folder (a port derived from its process id could be a Slurm job's on this machine)."""
     if not env.kit_store:
-        return {"init_method": "env://"}
-    # multi_tenant: as env:// makes it (one port, several stores in a process: the search's)
-    store = dist.TCPStore(
-        env.master_addr, env.master_port, env.world_size, env.serves_store, timeout=timeout,
-        multi_tenant=True,
-    )  # fmt: skip
-    return {"store": store, "rank": env.rank, "world_size": env.world_size}
+        return env, {"init_method": "env://"}
+    picked = env.master_port == distenv.PICK_PORT
+    port = env.master_port
+    if picked and not env.serves_store:
+        port = _published_port(run_dir, env.job_id, timeout)
+    try:  # multi_tenant: as env:// makes it (one port, several stores in a process: the search's)
+        store = dist.TCPStore(
+            env.master_addr, port, env.world_size, env.serves_store, timeout=timeout,
+            multi_tenant=True, wait_for_workers=not picked,
+        )  # fmt: skip
+    except dist.DistNetworkError as err:
+        if "EADDRINUSE" not in str(err):
+            raise
+        raise distenv.DistEnvError(
+            f"port {port} on {socket.gethostname()} is taken (another job's rendezvous, or "
+            "another program), so this job's processes cannot meet there: set dist.port to a "
+            "free port in 20000-32767 (or, with dist.port=0, submit again: a new job id gives "
+            "another port)"
+        ) from None
+    if picked and env.serves_store:
+        runfolder.publish_store_port(run_dir, env.job_id, store.port)
+    env = dataclasses.replace(env, master_port=store.port)
+    return env, {"store": store, "rank": env.rank, "world_size": env.world_size}
+
+
+def _published_port(run_dir: Path, job_id: str, timeout: datetime.timedelta) -> int:
+    """The port a local job's store published, waited for as long as a rendezvous may take."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    while (port := runfolder.published_store_port(run_dir, job_id)) is None:
+        if time.monotonic() > deadline:
+            raise distenv.DistEnvError(
+                f"the job's first process published no rendezvous port within "
+                f"{timeout.total_seconds():.0f} s: it did not start or failed first; its log "
+                f"says why (`python -m launch logs {run_dir} --rank 0`)"
+            )
+        time.sleep(0.05)
+    return port
 
 
 def _pick_device(cfg: Config, env: distenv.DistEnv) -> tuple[torch.device, int]:

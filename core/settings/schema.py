@@ -198,7 +198,9 @@ class ClusterConfig:
 @dataclass
 class DistConfig:
     backend: DistBackend = DistBackend.auto
-    port: int = 0  # 0: derived from the job id, so two jobs on one node never collide
+    # 0: on Slurm derived from the job id, so two jobs on one node never collide; a local job's
+    # store binds a free port the system picks
+    port: int = 0
     timeout_s: int = 300
     comm_hook: CommHook = CommHook.none
 
