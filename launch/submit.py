@@ -182,18 +182,24 @@ def _try_workload(cfg: Config) -> None:
     workload = json.dumps(parts, sort_keys=True)
     if workload not in _TRIED:
         passed = _passed_mark(cfg, parts)
-        if passed is not None and passed.exists():
+        remembered = _remembered(passed) if passed is not None else None
+        if remembered is not None:
             log.debug("workload tried before, its factories unchanged: %s", passed)
-            _TRIED[workload] = ""
+            _TRIED[workload] = remembered
         else:
             _TRIED[workload] = _trial_problem(cfg, values)
-            if not _TRIED[workload] and passed is not None:
-                _remember(passed)
-    if _TRIED[workload]:
-        raise ConfigError(_TRIED[workload])
+            if not _TRIED[workload][0] and passed is not None:
+                _remember(passed, _TRIED[workload][1])
+    problem, samples = _TRIED[workload]
+    if problem:
+        raise ConfigError(problem)
+    if samples is not None:  # a user's dataset: its training split's size is known now
+        check_batch_fits_data(cfg, samples)
 
 
-_TRIED: dict[str, str] = {}  # the workloads tried in this process, and what each trial said
+# The workloads tried in this process: what each trial said ('' if it passed), and its
+# training split's size where it loaded a user's dataset.
+_TRIED: dict[str, tuple[str, int | None]] = {}
 
 
 def _passed_mark(cfg: Config, workload: list[Any]) -> Path | None:
@@ -223,17 +229,28 @@ def _stamp(path: str) -> list[Any]:
     return [path, stat.st_mtime_ns, stat.st_size]
 
 
-def _remember(mark: Path) -> None:
+def _remembered(mark: Path) -> tuple[str, int | None] | None:
+    """A passed trial remembered in `mark` ('', its training split's size), or None: not tried
+    yet, or remembered in a form this kit does not read."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        samples = json.loads(mark.read_text())["train_samples"]
+        if samples is None or (isinstance(samples, int) and samples > 0):
+            return "", samples
+    return None
+
+
+def _remember(mark: Path, samples: int | None) -> None:
     """Best effort: a cache that cannot be written only means the next launch tries again."""
     try:
         mark.parent.mkdir(parents=True, exist_ok=True)
-        mark.touch()
+        mark.write_text(json.dumps({"train_samples": samples}))
     except OSError as err:
         log.debug("cannot remember the trial in %s: %s", mark, err)
 
 
-def _trial_problem(cfg: Config, values: dict[str, Any]) -> str:
-    """'' if the workload passed its trial, else the error line."""
+def _trial_problem(cfg: Config, values: dict[str, Any]) -> tuple[str, int | None]:
+    """What the trial said: ('' if the workload passed, else the error line; the training
+    split's size where it loaded a user's dataset)."""
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: torch is only there
     receive, send = context.Pipe(duplex=False)
     trial = context.Process(target=_trial, args=(values, send), daemon=True)
@@ -245,14 +262,15 @@ def _trial_problem(cfg: Config, values: dict[str, Any]) -> str:
                 f"trying data.dataset={cfg.data.dataset} and model.name={cfg.model.name} on the "
                 f"CPU took over {WORKLOAD_CHECK_S} s: make the factories quicker to call"
             )
-        problem = receive.recv()
+        problem, samples = receive.recv()
     except EOFError:
         trial.join()
         problem = f"trying the workload on the CPU failed: its process ended ({trial.exitcode})"
+        samples = None
     finally:
         trial.kill()
         trial.join()
-    return str(problem)
+    return str(problem), samples
 
 
 WORKLOAD_CHECK_S = 600
@@ -260,7 +278,7 @@ WORKLOAD_MODULE = "train.workloads"  # imported by name in the trial's process, 
 
 
 def _trial(values: dict[str, Any], send: Any) -> None:
-    """In the trial's process: '' sent back if the workload passes, else the error line."""
+    """In the trial's process: what `train.workloads.trial` says, sent back."""
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the check runs on the CPU, before torch starts
     send.send(importlib.import_module(WORKLOAD_MODULE).trial(values))
 

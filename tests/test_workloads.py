@@ -234,6 +234,30 @@ def test_a_workload_that_passed_its_trial_is_not_tried_again_until_its_file_chan
         assert done.returncode == 2 and "it must give (N, 10)" in done.stderr, done.stderr
 
 
+def test_a_batch_larger_than_a_users_training_split_is_refused_at_submit_and_in_the_job(
+    tmp_path: Path,
+) -> None:
+    """The blobs' training split holds 384 samples: a global batch of 512 (the default) would
+    be one step of 384 an epoch while the run said 512. The launcher's trial learns the split's
+    size (and remembers it with the trial); the job checks it again where it loads the data."""
+    env = {**ON_PATH, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    where = [f"output.root={tmp_path}/runs", "cluster.backend=local"]
+    for _ in range(2):  # tried, then remembered: refused both times
+        done = kit("launch", "submit", "--mode", "ddp", *USER, *where, "--dry-run", "-v", env=env)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "train.global_batch_size=512 is larger than the 384 training samples" in done.stderr
+        assert "use train.global_batch_size=384" in done.stderr
+    assert "workload tried before" in done.stderr
+    assert not (tmp_path / "runs").exists()
+    prepared = kit("launch", "prepare", "--mode", "dp", *USER, f"output.root={tmp_path}", env=env)
+    assert prepared.returncode == 0, prepared.stderr  # an sbatch script's folder: no trial there
+    ran = kit("train", "run", prepared.stdout.strip(), env=env)
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+    assert "is larger than the 384 training samples of data.dataset=test_workloads:blobs" in (
+        ran.stderr
+    )
+
+
 def test_processes_a_factory_leaves_behind_end_with_the_job(tmp_path: Path) -> None:
     pids = tmp_path / "helpers"
     where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data", "cluster.backend=local"]
@@ -243,7 +267,7 @@ def test_processes_a_factory_leaves_behind_end_with_the_job(tmp_path: Path) -> N
     ]
     done = kit(
         "launch", "submit", "--mode", "dp", *settings, "train.epochs=1", *where, "--wait",
-        env={**ON_PATH, "HELPER_PIDS": str(pids)},
+        "train.global_batch_size=64", env={**ON_PATH, "HELPER_PIDS": str(pids)},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     helpers = [int(pid) for pid in pids.read_text().split()]

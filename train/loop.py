@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from core import runfolder, strategies
-from core.settings.rules import per_rank_batch
+from core.settings.rules import check_batch_fits_data, per_rank_batch
 from core.settings.schema import Precision
 from core.strategies import bare
 from train import checkpoint, compile_cache, loaders, steps, stopping, workloads
@@ -82,6 +82,7 @@ def train(ctx: Context, started: float) -> dict[str, Any]:
     data_touched = time.time()
     work = work or workloads.load(cfg, env.local_rank, barrier)
     train_labels, test_labels = work.train[1], work.test[1]
+    check_batch_fits_data(cfg, len(train_labels))  # a user's dataset may differ from its trial
     sampler: DistributedSampler[Any] = DistributedSampler(
         TensorDataset(train_labels), env.world_size, env.rank, shuffle=True, seed=cfg.train.seed
     )

@@ -154,29 +154,38 @@ def _check_outputs(name: str, built: nn.Module, sample: Batch, classes: int) -> 
         )  # fmt: skip
 
 
-def trial(values: dict[str, Any]) -> str:
-    """`check` in the launcher's trial process (settings as plain values): '' if the workload
-    passes, else the error in one line. Whatever the factories started there is ended."""
+def trial(values: dict[str, Any]) -> tuple[str, int | None]:
+    """`tried` in the launcher's trial process (settings as plain values): ('', the training
+    split's size where a user's dataset gave one) if the workload passes, else (the error in one
+    line, None). Whatever the factories started there is ended."""
     try:
-        check(from_dict(values))
-        return ""
+        return "", tried(from_dict(values))[1]
     except KitError as err:  # the factory broke its contract: the message names the fix
-        return str(err)
+        return str(err), None
     except Exception as err:
-        return f"trying the workload on the CPU failed: {type(err).__name__}: {err}"
+        return f"trying the workload on the CPU failed: {type(err).__name__}: {err}", None
     finally:
         early.end_leftovers()
 
 
 def check(cfg: Config) -> str:
     """A user's workload tried on the CPU before anything is submitted (`launch submit` runs it
-    as `python -m train check-workload`): the dataset's splits checked, the model built and run
-    once. Returns what was found, in words."""
-    sample, classes = shape(cfg, 0, lambda: None)
+    as `python -m train check-workload`): what was found, in words."""
+    return tried(cfg)[0]
+
+
+def tried(cfg: Config) -> tuple[str, int | None]:
+    """The dataset's splits checked, the model built and run once; what was found in words, and
+    the training split's size where the data had to be loaded to learn it (a user's dataset)."""
+    declared = declared_shape(cfg)
+    work = None if declared else load(cfg, 0, lambda: None)
+    sample, classes = declared or (work.sample_shape, work.classes)  # type: ignore[union-attr]
     build_model(cfg, sample, classes)
-    return (
-        f"samples of shape {tuple(sample)}, {classes} classes: {cfg.model.name} gives a logit each"
-    )
+    samples = len(work.train[1]) if work else None
+    found = f"samples of shape {tuple(sample)}, {classes} classes"
+    if samples:
+        found += f", {samples} for training"
+    return f"{found}: {cfg.model.name} gives a logit each", samples
 
 
 def _from_factory(spec: str) -> Workload:

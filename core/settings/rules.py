@@ -457,20 +457,24 @@ def _check_batch_split(cfg: Config) -> None:
 MNIST_TRAIN = 60000  # real MNIST's training split, whatever data.train_size says
 
 
-def check_batch_fits_data(cfg: Config) -> None:
+def check_batch_fits_data(cfg: Config, samples: int | None = None) -> None:
     """A training run's batch no larger than its training split: a larger one would train on
     the split once an epoch while the run and its table said the larger batch. Asked where a
-    run is submitted (preparing the data trains nothing); searches run on random batches; a
-    user's dataset's size is known only in the job."""
+    run is submitted (preparing the data trains nothing) and by the job; searches run on random
+    batches. `samples`: the split's size where it was loaded (a user's dataset's is known only
+    from its factory); else the settings tell it."""
     d, batch = cfg.data, cfg.train.global_batch_size
-    if cfg.task != Task.train or FACTORY.fullmatch(d.dataset):
+    if cfg.task != Task.train or (samples is None and FACTORY.fullmatch(d.dataset)):
         return
     parts = _batch_parts(cfg)
-    samples = MNIST_TRAIN if d.dataset == "mnist" else d.train_size
+    if samples is None:
+        samples = MNIST_TRAIN if d.dataset == "mnist" else d.train_size
     if batch <= samples:
         return
     fix = f"train.global_batch_size={samples // parts * parts} (a whole epoch a step)"
-    if samples < parts:
+    if samples < parts and FACTORY.fullmatch(d.dataset):
+        fix = f"a training split of {parts} samples or more"
+    elif samples < parts:
         fix = f"data.train_size={parts} or more"
     raise ConfigError(
         f"train.global_batch_size={batch} is larger than the {samples} training samples of "
