@@ -71,7 +71,9 @@ def test_torchrun_wins_over_slurm() -> None:
 
 def test_batch_script_without_srun_is_single() -> None:
     batch = {k: v for k, v in SRUN_TASK_2.items() if k != "SLURM_STEP_ID"}
-    assert detect(batch).source == "single"
+    alone = detect(batch)
+    assert alone.source == "single" and alone.kit_store and alone.serves_store
+    assert alone.master_port == PICK_PORT  # its store takes a free port: no id to derive one from
 
 
 def test_explicit_port_wins() -> None:

@@ -64,9 +64,9 @@ class DistEnv:
 
     @property
     def kit_store(self) -> bool:
-        """Whether the kit serves the rendezvous store itself (Slurm's and submitit's tasks);
-        torchrun's workers, and a process alone, meet through env:// as torchrun expects."""
-        return self.source in ("slurm", "submitit")
+        """Whether the kit serves the rendezvous store itself (Slurm's and submitit's tasks, and
+        a process alone); torchrun's workers meet through env:// as torchrun expects."""
+        return self.source in ("slurm", "submitit", "single")
 
     @property
     def serves_store(self) -> bool:
@@ -108,7 +108,7 @@ def detect(environ: Mapping[str, str] | None = None, port: int = 0) -> DistEnv:
     return DistEnv(source=source, **found)
 
 
-PICK_PORT = 0  # the store binds a free port and tells the job's other processes (a local job)
+PICK_PORT = 0  # the store binds a free port and tells the job's other processes (local jobs)
 PORT_LOW, PORT_COUNT = 20000, 12768  # 20000–32767: below Linux's ephemeral range (32768–60999)
 
 
@@ -236,6 +236,6 @@ def _single(env: Mapping[str, str]) -> dict[str, Any]:
         "local_world_size": 1,
         "node_rank": 0,
         "master_addr": "127.0.0.1",
-        "master_port": port_for_job(str(os.getpid())),
+        "master_port": PICK_PORT,  # a process id may be a Slurm job's id on this machine
         "job_id": env.get("SLURM_JOB_ID", "local"),
     }

@@ -253,10 +253,10 @@ def _rendezvous(
     env: distenv.DistEnv, run_dir: Path, timeout: datetime.timedelta
 ) -> tuple[distenv.DistEnv, dict[str, Any]]:
     """How the process group meets, and the environment with the store's port: under Slurm and
-    submitit a store served on master_addr by the first task there (`DistEnv.serves_store`), not
-    by rank 0 wherever it runs; torchrun's and a single process's through env://, as torchrun
-    expects. A local job's store binds a port the system picks and publishes it in the run
-    folder (a port derived from its process id could be a Slurm job's on this machine)."""
+    submitit (and for a process alone) a store served on master_addr by the first task there
+    (`DistEnv.serves_store`), not by rank 0 wherever it runs; torchrun's through env://, as
+    torchrun expects. A local job's store binds a port the system picks and publishes it in the
+    run folder (a port derived from its process id could be a Slurm job's on this machine)."""
     if not env.kit_store:
         return env, {"init_method": "env://"}
     picked = env.master_port == distenv.PICK_PORT
