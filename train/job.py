@@ -151,7 +151,7 @@ def _end_silent_peers(run_dir: Path, rank: int) -> None:
     time limit."""
     time.sleep(SILENT_GRACE_S)
     attempt = process_start_time() - 1.0  # the controller starts a local job's tasks together
-    for pid, other in _sibling_tasks().items():
+    for pid, other in _local_job_processes().items():
         records = runfolder.read_rank(run_dir, other)
         ended = [r for r in records if r.get("kind") in runfolder.ENDS and r["time"] >= attempt]
         if other != rank and not ended:
@@ -159,20 +159,22 @@ def _end_silent_peers(run_dir: Path, rank: int) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def _sibling_tasks() -> dict[int, int]:
-    """The other tasks of this local job by PID, with their ranks: the processes submitit's
-    controller (this one's parent) started."""
+def _local_job_processes() -> dict[int, int]:
+    """The processes of this local job but this one, by PID, with the rank each belongs to:
+    its tasks (in a container too, with the runtime's process that started them) and what
+    they started, all marked by the environment submitit's controller gave the tasks."""
+    job = os.environ.get("SUBMITIT_LOCAL_JOB_ID", "").encode()
     found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            if parent != os.getppid():
-                continue
-            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-            ranks = [v for v in environ if v.startswith(b"SUBMITIT_LOCAL_GLOBALID=")]
-            found[int(entry)] = int(ranks[0].split(b"=", 1)[1])
+        with contextlib.suppress(OSError, ValueError, KeyError):  # gone, or not this user's
+            values = dict(
+                v.split(b"=", 1) for v in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                if b"=" in v
+            )  # fmt: skip
+            if job and values.get(b"SUBMITIT_LOCAL_JOB_ID") == job:
+                found[int(entry)] = int(values[b"SUBMITIT_LOCAL_GLOBALID"])
     return found
 
 
