@@ -271,8 +271,8 @@ def _rendezvous(
             multi_tenant=True, wait_for_workers=not picked,
         )  # fmt: skip
     except dist.DistNetworkError as err:
-        if "EADDRINUSE" not in str(err):
-            raise
+        if "EADDRINUSE" not in str(err) and "address already in use" not in str(err).lower():
+            raise  # (the message of torch's libuv store, and of its older one)
         raise distenv.DistEnvError(
             f"port {port} on {socket.gethostname()} is taken (another job's rendezvous, or "
             "another program), so this job's processes cannot meet there: set dist.port to a "
