@@ -160,6 +160,13 @@ def test_a_local_jobs_store_picks_a_port_and_tells_the_other_processes(tmp_path:
     assert env0.master_port == env1.master_port != PICK_PORT
     meet0["store"].set("greeting", "hello")
     assert meet1["store"].get("greeting") == b"hello"
+    # Forgotten once both came: a requeued attempt of the job cannot read this port.
+    assert not list(tmp_path.rglob("*.port"))
+
+
+def test_a_store_whose_peer_never_comes_names_it(tmp_path: Path) -> None:
+    with pytest.raises(DistEnvError, match=r"rank\(s\) 1 did not come .*--rank 1"):
+        _rendezvous(LOCAL_RANK_0, tmp_path, datetime.timedelta(seconds=0.5))
 
 
 def test_a_process_whose_store_never_starts_names_where_to_look(tmp_path: Path) -> None:

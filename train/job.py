@@ -244,8 +244,6 @@ def _setup(
         dist.init_process_group(
             backend="gloo" if searching else dist_backend(cfg), timeout=timeout, **meet
         )
-        if env.master_port == distenv.PICK_PORT and env.serves_store:
-            runfolder.forget_store_port(run_dir, env.job_id)  # every process has joined
         stops.join()
     ctx.lap("process_group")
     return ctx
@@ -279,10 +277,33 @@ def _rendezvous(
             "free port in 20000-32767 (or, with dist.port=0, submit again: a new job id gives "
             "another port)"
         ) from None
-    if picked and env.serves_store:
-        runfolder.publish_store_port(run_dir, env.job_id, store.port)
+    if picked:
+        _meet_at_the_picked_port(store, env, run_dir, timeout)
     env = dataclasses.replace(env, master_port=store.port)
     return env, {"store": store, "rank": env.rank, "world_size": env.world_size}
+
+
+def _meet_at_the_picked_port(
+    store: dist.TCPStore, env: distenv.DistEnv, run_dir: Path, timeout: datetime.timedelta
+) -> None:
+    """The store publishes its port; each other process says it has come; once all have, the
+    port is forgotten (a requeued attempt of the same job publishes anew, and no process can
+    read a port from an attempt before). A process that never comes fails the job here."""
+    if not env.serves_store:
+        store.set(f"kit/joined/{env.rank}", "1")
+        return
+    runfolder.publish_store_port(run_dir, env.job_id, store.port)
+    others = {rank: f"kit/joined/{rank}" for rank in range(env.world_size) if rank != env.rank}
+    try:
+        store.wait(list(others.values()), timeout)
+    except dist.DistStoreError:
+        missing = [str(rank) for rank, key in others.items() if not store.check([key])]
+        raise distenv.DistEnvError(
+            f"rank(s) {', '.join(missing)} did not come to the rendezvous within "
+            f"{timeout.total_seconds():.0f} s: their logs say why (`python -m launch logs "
+            f"{run_dir} --rank {missing[0] if missing else 1}`)"
+        ) from None
+    runfolder.forget_store_port(run_dir, env.job_id)
 
 
 def _published_port(run_dir: Path, job_id: str, timeout: datetime.timedelta) -> int:
