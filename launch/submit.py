@@ -232,7 +232,7 @@ def _stamp(path: str) -> list[Any]:
 def _remembered(mark: Path) -> tuple[str, int | None] | None:
     """A passed trial remembered in `mark` ('', its training split's size), or None: not tried
     yet, or remembered in a form this kit does not read."""
-    with contextlib.suppress(OSError, ValueError, TypeError):
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
         samples = json.loads(mark.read_text())["train_samples"]
         if samples is None or (isinstance(samples, int) and samples > 0):
             return "", samples

@@ -151,21 +151,23 @@ def _end_silent_peers(run_dir: Path, rank: int) -> None:
     time limit."""
     time.sleep(SILENT_GRACE_S)
     attempt = process_start_time() - 1.0  # the controller starts a local job's tasks together
-    for pid, other in _local_job_processes().items():
+    for other, pids in _local_job_processes().items():
         records = runfolder.read_rank(run_dir, other)
         ended = [r for r in records if r.get("kind") in runfolder.ENDS and r["time"] >= attempt]
-        if other != rank and not ended:
+        if other == rank or ended:
+            continue
+        for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
 
 
-def _local_job_processes() -> dict[int, int]:
-    """The processes of this local job but this one, by PID, with the rank each belongs to:
-    its tasks (in a container too, with the runtime's process that started them) and what
-    they started, all marked by the environment submitit's controller gave the tasks."""
+def _local_job_processes() -> dict[int, list[int]]:
+    """The processes of this local job but this one, by the rank each belongs to: its tasks (in
+    a container too, with the runtime's process that started them) and what they started, all
+    marked by the environment submitit's controller gave the tasks."""
     job = os.environ.get("SUBMITIT_LOCAL_JOB_ID", "").encode()
-    found = {}
-    for entry in os.listdir("/proc"):
+    found: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if job else []:
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         with contextlib.suppress(OSError, ValueError, KeyError):  # gone, or not this user's
@@ -173,8 +175,9 @@ def _local_job_processes() -> dict[int, int]:
                 v.split(b"=", 1) for v in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
                 if b"=" in v
             )  # fmt: skip
-            if job and values.get(b"SUBMITIT_LOCAL_JOB_ID") == job:
-                found[int(entry)] = int(values[b"SUBMITIT_LOCAL_GLOBALID"])
+            if values.get(b"SUBMITIT_LOCAL_JOB_ID") == job:
+                rank = int(values[b"SUBMITIT_LOCAL_GLOBALID"])
+                found.setdefault(rank, []).append(int(entry))
     return found
 
 

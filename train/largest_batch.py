@@ -356,7 +356,7 @@ def run(ctx: Context, started: float) -> dict[str, Any]:
     """The largest-batch (or largest-model) job: no data, no epochs; real steps at growing batch
     sizes (widths), GPU only."""
     cfg, env = ctx.cfg, ctx.env
-    shape, classes = workloads.shape(cfg, env.local_rank, barrier)
+    shape, classes, _ = workloads.shape(cfg, env.local_rank, barrier)
     if cfg.task == Task.largest_model:
         ctx.parameters = _parameters(cfg, shape, classes, cfg.model.width)
     else:  # on the CPU (a user's model may not build on the meta device): the workers build theirs

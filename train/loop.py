@@ -58,9 +58,8 @@ def train(ctx: Context, started: float) -> dict[str, Any]:
     cfg, env = ctx.cfg, ctx.env
     # The model first, compiled and captured on a random batch where the settings ask for it;
     # then the data (MLPerf's order: the clock of "time to accuracy from data" starts there).
-    declared = workloads.declared_shape(cfg)
-    work = None if declared else workloads.load(cfg, env.local_rank, barrier)
-    sample_shape, classes = declared or (work.sample_shape, work.classes)  # type: ignore[union-attr]
+    sample_shape, classes, work = workloads.shape(cfg, env.local_rank, barrier)
+    sizes_known = work is None  # the settings tell the shape and the splits' sizes
     model, optimizer = _model_and_optimizer(ctx, sample_shape, classes)
     scaler = torch.amp.GradScaler(enabled=cfg.train.precision == Precision.fp16)
     torch.manual_seed(cfg.train.seed + env.rank)  # different dropout masks per rank
@@ -73,9 +72,9 @@ def train(ctx: Context, started: float) -> dict[str, Any]:
     # Saved where every batch size has compiled: after the warm-up, where the settings tell the
     # splits' sizes (a stopped or requeued attempt then leaves it for the next), else after the
     # first epoch.
-    save_cache_after = 0 if declared else 1  # epochs
+    save_cache_after = 0 if sizes_known else 1  # epochs
     if cfg.train.compile or cfg.train.cuda_graph:
-        _warm_up(ctx, model, step, sample_shape, classes, sizes_known=bool(declared))
+        _warm_up(ctx, model, step, sample_shape, classes, sizes_known=sizes_known)
         if cache and cache_state == "cold" and not save_cache_after:
             compile_cache.save(cache)
         ctx.lap("warm_up")

@@ -71,13 +71,15 @@ def load(cfg: Config, local_rank: int, barrier: Callable[[], None]) -> Workload:
     return Workload(train, test, classes=10, mean=data.MEAN, std=data.STD)
 
 
-def shape(cfg: Config, local_rank: int, barrier: Callable[[], None]) -> tuple[Shape, int]:
+def shape(
+    cfg: Config, local_rank: int, barrier: Callable[[], None]
+) -> tuple[Shape, int, Workload | None]:
     """One sample's shape and the number of classes, without the data where the settings say
-    them (only a user's dataset is loaded to learn its shape)."""
+    them; only a user's dataset is loaded to learn them, and then returned too."""
     if declared := declared_shape(cfg):
-        return declared
+        return (*declared, None)
     work = load(cfg, local_rank, barrier)
-    return work.sample_shape, work.classes
+    return work.sample_shape, work.classes, work
 
 
 def declared_shape(cfg: Config) -> tuple[Shape, int] | None:
@@ -177,9 +179,7 @@ def check(cfg: Config) -> str:
 def tried(cfg: Config) -> tuple[str, int | None]:
     """The dataset's splits checked, the model built and run once; what was found in words, and
     the training split's size where the data had to be loaded to learn it (a user's dataset)."""
-    declared = declared_shape(cfg)
-    work = None if declared else load(cfg, 0, lambda: None)
-    sample, classes = declared or (work.sample_shape, work.classes)  # type: ignore[union-attr]
+    sample, classes, work = shape(cfg, 0, lambda: None)
     build_model(cfg, sample, classes)
     samples = len(work.train[1]) if work else None
     found = f"samples of shape {tuple(sample)}, {classes} classes"
