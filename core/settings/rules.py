@@ -108,8 +108,8 @@ def validate(cfg: Config) -> None:
         )
     if cfg.dist.port and not 1024 <= cfg.dist.port <= 65535:
         raise ConfigError(
-            f"dist.port={cfg.dist.port} is not a usable port: pick one in 1024–65535, or 0 to "
-            "derive it from the job id"
+            f"dist.port={cfg.dist.port} is not a usable port: pick one in 1024–65535, or 0 for the kit's "
+            "choice (derived from the job id on Slurm, a free one locally)"
         )
     for key in ("output.root", "data.root"):
         if not str(_get(cfg, key)).strip():
