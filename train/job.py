@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -95,6 +96,9 @@ class _StandStill:
 
 def _run(cfg: Config, env: distenv.DistEnv, run_dir: Path, started: float) -> dict[str, Any]:
     still = _StandStill()
+    dynamo = (
+        _import_dynamo_aside() if strategies.of(cfg).per_gpu and cfg.task == Task.train else None
+    )
     try:
         check_launch(cfg, env)
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -102,7 +106,7 @@ def _run(cfg: Config, env: distenv.DistEnv, run_dir: Path, started: float) -> di
         entered = time.time()  # interpreter, imports and the config are behind us
         stops = stopping.StopSignals()
         stops.end_at_cancel(run_dir, env.rank)
-        ctx = _setup(cfg, env, run_dir, stops, started, entered)
+        ctx = _setup(cfg, env, run_dir, stops, started, entered, dynamo)
         stopping.arm(ctx)
         if cfg.task != Task.train:
             from train import largest_batch  # its worker machinery only where it searches
@@ -141,6 +145,7 @@ def _record_failure(run_dir: Path, rank: int, err: BaseException, stood_still_s:
         )
 
 
+DYNAMO_SWITCH_S = 0.0005  # the GIL's switch interval while torch._dynamo imports aside
 SILENT_GRACE_S = 5.0  # time for the other failing ranks to record their own errors
 
 
@@ -211,6 +216,7 @@ def _setup(
     stops: stopping.StopSignals,
     started: float,
     entered: float,
+    dynamo: threading.Thread | None = None,
 ) -> Context:
     """The run's context: its device (with the CUDA context made, a start-up part of its own)
     and, for a strategy of one process per GPU, the process group; the start-up parts so far
@@ -248,8 +254,37 @@ def _setup(
             backend="gloo" if searching else dist_backend(cfg), timeout=timeout, **meet
         )
         stops.join()
+        if dist.get_backend() == "nccl":  # its communicator now, while torch._dynamo imports
+            dist.all_reduce(torch.zeros(1, device=device))
     ctx.lap("process_group")
+    if dynamo:  # its remainder counts with the model, as it did when DDP's constructor waited
+        dynamo.join()
     return ctx
+
+
+def _import_dynamo_aside() -> threading.Thread:
+    """`torch._dynamo`, which the constructors of DDP and FSDP import, is 0.8 s of Python on the
+    GPU machine, most of a rank's start-up after `import torch`. Imported on a thread, it
+    overlaps what this one waits on with the GIL let go: the GPU's driver, the other ranks at the
+    rendezvous, NCCL making its communicator. The caller joins the thread before it imports
+    anything more, so the two never import one module at once (a cycle of module locks across
+    threads is an import error); an import that fails here fails again where it is needed.
+    Meanwhile the GIL changes hands every 0.5 ms, not 5: each of this thread's waits ends with a
+    wait for the GIL, and the import would otherwise hold it 5 ms at a time."""
+    interval = sys.getswitchinterval()
+
+    def _import() -> None:
+        try:
+            import torch._dynamo  # noqa: F401
+        except Exception:  # raised again, whole, where it is needed
+            pass
+        finally:
+            sys.setswitchinterval(interval)
+
+    sys.setswitchinterval(DYNAMO_SWITCH_S)
+    thread = threading.Thread(target=_import, daemon=True, name="import-dynamo")
+    thread.start()
+    return thread
 
 
 def _rendezvous(

@@ -12,7 +12,9 @@
 #
 # Environment (all optional):
 #   TESTCLUSTER_PORT_BASE     first of NODES+2 consecutive TCP ports (slurmctld, slurmdbd, nodes);
-#                             default: a random free block in 10000-29999
+#                             default: a random free block in 10000-19999, below the ports
+#                             the kit derives for its jobs (20000-32767), so no job's
+#                             rendezvous ever finds a daemon of a cluster on its port
 #   TESTCLUSTER_FIRST_JOB_ID  first job id; default derived from the clock (see below)
 #   TESTCLUSTER_TIMEOUT       seconds to wait for the cluster to be ready (default 60)
 #   TESTCLUSTER_MAX_ARRAY_SIZE  Slurm's MaxArraySize (default 6: small, so that a test shows a
@@ -68,11 +70,11 @@ if [[ -n ${TESTCLUSTER_PORT_BASE:-} ]]; then
     block_free "$BASE" "$NPORTS" || die "ports $BASE..$((BASE + NPORTS - 1)) are not all free"
 else
     for _ in $(seq 50); do
-        BASE=$((10000 + (RANDOM % ((20000 - NPORTS) / 10)) * 10))
+        BASE=$((10000 + (RANDOM % ((10000 - NPORTS) / 10)) * 10))
         block_free "$BASE" "$NPORTS" && break
         BASE=
     done
-    [[ -n $BASE ]] || die "found no block of $NPORTS free ports in 10000-29999"
+    [[ -n $BASE ]] || die "found no block of $NPORTS free ports in 10000-19999"
 fi
 CTLD_PORT=$BASE
 DBD_PORT=$((BASE + 1))
