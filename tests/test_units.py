@@ -487,19 +487,18 @@ def test_a_start_without_bytecode_is_said_with_its_fix(tmp_path: Path) -> None:
     assert _started_words({**start, "bytecode_cached": True}) == _started_words(start)
 
 
-def test_a_rank_imports_torch_dynamo_aside_and_gives_the_gil_back_its_pace() -> None:
+def test_a_rank_imports_torch_dynamo_aside() -> None:
     """A per-GPU rank imports torch._dynamo (which DDP's constructor needs) on a thread while it
-    waits on the driver and its peers: after the join it is imported, and the GIL's switch
-    interval, shortened meanwhile, is what it was."""
+    waits on the driver and its peers: after the join it is imported."""
     probe = (
         "import sys, torch; from train import job\n"
-        "before = sys.getswitchinterval(); had = 'torch._dynamo' in sys.modules\n"
+        "had = 'torch._dynamo' in sys.modules\n"
         "job._import_dynamo_aside().join()\n"
-        "print(had, 'torch._dynamo' in sys.modules, sys.getswitchinterval() == before)"
+        "print(had, 'torch._dynamo' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert done.stdout.split() == ["False", "True", "True"], done.stderr
+    assert done.stdout.split() == ["False", "True"], done.stderr
 
 
 # --- steps.warm_up ------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 import traceback
@@ -96,9 +95,6 @@ class _StandStill:
 
 def _run(cfg: Config, env: distenv.DistEnv, run_dir: Path, started: float) -> dict[str, Any]:
     still = _StandStill()
-    dynamo = (
-        _import_dynamo_aside() if strategies.of(cfg).per_gpu and cfg.task == Task.train else None
-    )
     try:
         check_launch(cfg, env)
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -106,7 +102,7 @@ def _run(cfg: Config, env: distenv.DistEnv, run_dir: Path, started: float) -> di
         entered = time.time()  # interpreter, imports and the config are behind us
         stops = stopping.StopSignals()
         stops.end_at_cancel(run_dir, env.rank)
-        ctx = _setup(cfg, env, run_dir, stops, started, entered, dynamo)
+        ctx = _setup(cfg, env, run_dir, stops, started, entered)
         stopping.arm(ctx)
         if cfg.task != Task.train:
             from train import largest_batch  # its worker machinery only where it searches
@@ -145,7 +141,6 @@ def _record_failure(run_dir: Path, rank: int, err: BaseException, stood_still_s:
         )
 
 
-DYNAMO_SWITCH_S = 0.0005  # the GIL's switch interval while torch._dynamo imports aside
 SILENT_GRACE_S = 5.0  # time for the other failing ranks to record their own errors
 
 
@@ -216,7 +211,6 @@ def _setup(
     stops: stopping.StopSignals,
     started: float,
     entered: float,
-    dynamo: threading.Thread | None = None,
 ) -> Context:
     """The run's context: its device (with the CUDA context made, a start-up part of its own)
     and, for a strategy of one process per GPU, the process group; the start-up parts so far
@@ -238,6 +232,7 @@ def _setup(
     # The largest-batch and largest-model searches run their steps in worker processes: this one
     # keeps off the GPUs (no context, no communicator) and joins the others over gloo.
     searching = cfg.task != Task.train
+    dynamo = _import_dynamo_aside() if strategies.of(cfg).per_gpu and not searching else None
     if device.type == "cuda" and not searching:
         torch.cuda.set_device(device)
         torch.empty(0, device=device)  # the CUDA context, made here rather than by the data
@@ -268,20 +263,12 @@ def _import_dynamo_aside() -> threading.Thread:
     overlaps what this one waits on with the GIL let go: the GPU's driver, the other ranks at the
     rendezvous, NCCL making its communicator. The caller joins the thread before it imports
     anything more, so the two never import one module at once (a cycle of module locks across
-    threads is an import error); an import that fails here fails again where it is needed.
-    Meanwhile the GIL changes hands every 0.5 ms, not 5: each of this thread's waits ends with a
-    wait for the GIL, and the import would otherwise hold it 5 ms at a time."""
-    interval = sys.getswitchinterval()
+    threads is an import error); an import that fails here fails again where it is needed."""
 
     def _import() -> None:
-        try:
+        with contextlib.suppress(Exception):
             import torch._dynamo  # noqa: F401
-        except Exception:  # raised again, whole, where it is needed
-            pass
-        finally:
-            sys.setswitchinterval(interval)
 
-    sys.setswitchinterval(DYNAMO_SWITCH_S)
     thread = threading.Thread(target=_import, daemon=True, name="import-dynamo")
     thread.start()
     return thread
