@@ -9,8 +9,6 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-import numpy as np
-
 from core.errors import KitError
 
 IMAGE_MAGIC, LABEL_MAGIC = 0x00000803, 0x00000801
@@ -51,10 +49,10 @@ def verify(folder: Path, dataset: str) -> None:
                 f"{raw}: the {split} split has {counts[0]} images ({FILES[(split, 'images')]}) but "
                 f"{counts[1]} labels ({FILES[(split, 'labels')]}). {_fix(folder, dataset)}"
             )
-        labels = np.fromfile(raw / FILES[(split, "labels")], dtype=np.uint8, offset=8)
-        if labels.size and labels.max() > 9:
+        labels = (raw / FILES[(split, "labels")]).read_bytes()[8:]  # one byte each
+        if max(labels, default=0) > 9:
             raise DataError(
-                f"{raw / FILES[(split, 'labels')]} holds label {labels.max()}; digits are 0–9. "
+                f"{raw / FILES[(split, 'labels')]} holds label {max(labels)}; digits are 0–9. "
                 f"{_fix(folder, dataset)}"
             )
 
