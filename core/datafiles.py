@@ -50,9 +50,9 @@ def verify(folder: Path, dataset: str) -> None:
                 f"{counts[1]} labels ({FILES[(split, 'labels')]}). {_fix(folder, dataset)}"
             )
         labels = (raw / FILES[(split, "labels")]).read_bytes()[8:]  # one byte each
-        if max(labels, default=0) > 9:
+        if (highest := max(labels, default=0)) > 9:
             raise DataError(
-                f"{raw / FILES[(split, 'labels')]} holds label {max(labels)}; digits are 0–9. "
+                f"{raw / FILES[(split, 'labels')]} holds label {highest}; digits are 0–9. "
                 f"{_fix(folder, dataset)}"
             )
 

@@ -59,17 +59,20 @@ def test_launcher_analysis_and_core_start_without_torch() -> None:
         for path in _modules("core")
     ]
     readers = ["launch.cli", "launch.jobs", "launch.submit", "analysis.__main__", "analysis.plot"]
-    code = f"import sys, {', '.join(core + readers)}; sys.exit('torch' in sys.modules)"
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr or "torch was imported"
+    _assert_not_imported("torch", core + readers)
 
 
 def test_the_launcher_starts_without_numpy() -> None:
-    """Every `launch` command pays for what it imports (numpy was 40 ms of it on the build machine): a job's
-    start-up begins with the launcher."""
-    code = "import sys, launch.cli, launch.jobs, launch.submit; sys.exit('numpy' in sys.modules)"
+    """Every `launch` command pays for what it imports (numpy was 40 ms of it on the build
+    machine): a job's start-up begins with the launcher."""
+    _assert_not_imported("numpy", ["launch.cli", "launch.jobs", "launch.submit"])
+
+
+def _assert_not_imported(module: str, importers: list[str]) -> None:
+    """Importing `importers` in a fresh interpreter leaves `module` unimported."""
+    code = f"import sys, {', '.join(importers)}; sys.exit({module!r} in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr or "numpy was imported"
+    assert done.returncode == 0, done.stderr or f"{module} was imported"
 
 
 def test_only_the_run_folder_module_spells_its_file_names() -> None:
