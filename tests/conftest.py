@@ -26,6 +26,8 @@ import pytest
 from kit import SMALL, kit, run_folder
 from slurm_cluster import SlurmCluster, install
 
+from train.distenv import PORT_COUNT
+
 # Every process the tests start inherits this: torch's OpenMP threads sleep when idle instead of
 # spinning. Four workers share two cores; a spinning thread burns the CPU another job's rank
 # needs (a local DP job: 20 CPU-s spinning, 13 passive, on the loaded machine). The arithmetic
@@ -95,11 +97,13 @@ def _slurm_for_marked_tests(request: pytest.FixtureRequest) -> None:
 
 
 def _first_job_id() -> int:
-    """A first job id of this worker's own: two workers' clusters never hand out the same ids
-    at once (a job's port is derived from its id, and the nodes' addresses are the same)."""
+    """A first job id of this worker's own. A Slurm job's port comes from its id modulo 12768
+    (train.distenv.port_for_job) and the workers' clusters share the host's addresses, so each
+    worker starts at its own eighth of that cycle: their jobs get different ports for the first
+    1596 jobs each. The clock picks the cycle, so ids differ between sessions."""
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
-    clock = time.time_ns() // 10_000_000 % 5_000_000  # 100 ids a second, as start.sh's own
-    return 1000 + worker * 10_000_000 + clock
+    cycle = time.time_ns() // 1_000_000_000 % 4000  # ids stay below 6_000_000 + 51_073_000
+    return 1000 + cycle * PORT_COUNT + worker % 8 * (PORT_COUNT // 8)
 
 
 def namespaced_cluster(
