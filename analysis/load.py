@@ -330,10 +330,16 @@ Rank = dict[str, Records]  # one rank's current attempt: its records by kind, ea
 def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
     """The run's row, or None with a note saying what is missing; never raises for a bad run."""
     try:
-        meta = runfolder.read_meta(run_dir)
-        cfg = runfolder.config_of(run_dir, meta)  # run.json read once, not twice
+        return _read_run(run_dir)
     except (OSError, KitError) as err:
         return None, [f"skipped {run_dir}: cannot read it: {err}"]
+    except (TypeError, ValueError, KeyError, OverflowError) as err:  # values no kit writes
+        return None, [f"skipped {run_dir}: its files hold values this kit does not write ({err})"]
+
+
+def _read_run(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
+    meta = runfolder.read_meta(run_dir)
+    cfg = runfolder.config_of(run_dir, meta)  # run.json read once, not twice
     ranks, notes = _read_ranks(run_dir)
     run_id = meta.get("run_id", run_dir.name)
     if cfg.task in SEARCHES:

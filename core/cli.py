@@ -18,6 +18,7 @@ from core.errors import KitError
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command ended by Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a writer whose reader went away
 DISTRIBUTION = "slurm-ddp-kit"
 
 
@@ -55,6 +56,9 @@ def run_cli(func: Callable[[argparse.Namespace], int], args: argparse.Namespace)
     except KeyboardInterrupt:  # Ctrl-C: what was written stays; nothing to report but that
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader went away (`| head`): end quietly, as `yes | head` does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # for the final flush
+        return EXIT_BROKEN_PIPE
 
 
 VERBOSE = "KIT_VERBOSE"  # the launcher's -v, passed on to its jobs (which inherit the environment)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import functools
 import glob
@@ -34,6 +35,7 @@ from core.settings.schema import Config
 
 SCHEMA = 1  # of run.json and of every record; a reader refuses a newer one, naming the fix
 CONFIG = "config.yaml"  # the resolved settings, for people and for the job
+SWEEPS = "sweeps"  # beside a sweep's run folders: its array's logs, one folder per sweep
 META = "run.json"  # who made the run, its job, and the settings again as JSON for fast readers
 METRICS = "metrics"  # one JSON-lines file per rank
 LOGS = "logs"
@@ -121,7 +123,7 @@ def create(cfg: Config, launcher: str, backend: str, command: list[str]) -> Path
     root = check_root(cfg.output.root)
     cfg.output.root = str(root)
     cfg.data.root = str(expand("data.root", cfg.data.root))  # the job may start elsewhere
-    made = [p for p in [root, *root.parents] if not p.exists()]  # deepest first
+    made = folders_to_make(root)
     staging = None
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -134,15 +136,29 @@ def create(cfg: Config, launcher: str, backend: str, command: list[str]) -> Path
     except BaseException as err:
         if staging is not None:
             _remove_tree(staging)
-        for folder in made:  # the folders made for it, if left empty
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+        discard([], made)
         if isinstance(err, OSError):  # a full disk, a quota, a read-only mount
             raise RunFolderError(
                 f"could not write a run folder in output.root={root}: {err.strerror or err}; "
                 "free space there or point output.root at another folder"
             ) from None
         raise
+
+
+def folders_to_make(root: str | Path) -> list[Path]:
+    """The folders of output.root that do not exist yet, deepest first (for `discard`)."""
+    path = expand("output.root", root)
+    return [p for p in [path, *path.parents] if not p.exists()]
+
+
+def discard(trees: list[Path], made: list[Path]) -> None:
+    """Folders a refused submission made, removed: its run folders (no job ran in them), then
+    those of `made` (deepest first) that are left empty."""
+    for tree in trees:
+        shutil.rmtree(tree, ignore_errors=True)
+    for folder in made:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 STAGING = ".staging-"  # then the host and PID that assemble the folder
@@ -227,7 +243,7 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     try:  # read first, ask why only when that fails: one system call less per run
         meta = json.loads(_read_bytes(path))
     except (OSError, ValueError) as err:
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise RunFolderError(
                 f"{run_dir} is not a run folder (no {META}): pass a folder under runs/"
             ) from None
@@ -820,7 +836,7 @@ def logs_dir(run_dir: Path) -> Path:
 
 def sweep_logs_dir(first_run: Path) -> Path:
     """A sweep's array writes every element's logs into one folder beside its run folders."""
-    return first_run.parent / "sweeps" / first_run.name
+    return first_run.parent / SWEEPS / first_run.name
 
 
 def sbatch_log_pattern(run_dir: Path) -> str:
@@ -836,9 +852,22 @@ def log_files(run_dir: Path, rank: int) -> list[Path]:
     paths = []
     if meta.get("launcher") == "sbatch":
         paths.append(Path(sbatch_log_pattern(run_dir).replace("%t", str(rank))))
-    if 0 <= rank < len(recorded):
-        paths += [Path(p) for p in recorded[rank]]
+    if 0 <= rank < len(recorded) and isinstance(recorded[rank], list):
+        paths += [_here(run_dir, Path(p)) for p in recorded[rank] if isinstance(p, str)]
     return [p for p in paths if p.is_file()]
+
+
+def _here(run_dir: Path, recorded: Path) -> Path:
+    """A recorded log's path in this copy of the run folder (a moved or copied folder keeps the
+    paths of where it was made): its own logs folder, or its sweep's beside it."""
+    folder = recorded.parent
+    if folder.name == LOGS:
+        moved = logs_dir(run_dir) / recorded.name
+    elif folder.parent.name == SWEEPS:
+        moved = run_dir.parent / SWEEPS / folder.name / recorded.name
+    else:
+        return recorded
+    return moved if moved.is_file() else recorded
 
 
 def shell_assignments(run_dir: Path) -> str:
@@ -856,8 +885,10 @@ def shell_assignments(run_dir: Path) -> str:
 def _read_bytes(path: Path) -> bytes:
     """The file's bytes, through the bare system calls: half the cost of open().read() (which
     readers of thousands of runs pay for every file)."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a named pipe would block until written
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
         chunks = [os.read(fd, 1 << 16)]  # a run's files are a few kB: one read, as a rule
         while len(chunks[-1]) == 1 << 16:
             chunks.append(os.read(fd, 1 << 16))

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +15,7 @@ from typing import Any
 from core import container, runfolder, strategies
 from core.cli import EXIT_INTERRUPTED, ArgumentParser, add_common_flags, run_cli
 from core.errors import KitError
-from core.settings.loading import load_config, to_yaml
+from core.settings.loading import load_config, read_override, to_yaml
 from core.settings.rules import check_batch_fits_data
 from core.settings.schema import Config, ConfigError
 from core.strategies import STRATEGIES
@@ -97,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     cancel = command(
         "cancel", _cancel, "cancel runs' jobs: run folders, or a folder holding them (a sweep)"
     )
-    cancel.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="what to cancel")
+    cancel.add_argument("runs", nargs="+", type=_folder, metavar="RUN", help="what to cancel")
     logs = command("logs", _logs, "print a run's log for one rank")
     _add_run_arguments(logs, many=False)
     logs.add_argument(
@@ -124,13 +127,19 @@ def _hide(parser: argparse.ArgumentParser, flag: str) -> None:
             action.help = argparse.SUPPRESS
 
 
+def _folder(text: str) -> Path:
+    """A run folder as given; `.` or `..` made whole, so that the run has a name to show."""
+    path = Path(text)
+    return Path(os.path.abspath(path)) if path.name in ("", "..") else path
+
+
 def _add_run_arguments(parser: argparse.ArgumentParser, many: bool) -> None:
     if many:
         parser.add_argument(
-            "runs", nargs="*", type=Path, help="run folders (default: all under --root)"
+            "runs", nargs="*", type=_folder, help="run folders (default: all under --root)"
         )
     else:
-        parser.add_argument("run", type=Path, help="a run folder")
+        parser.add_argument("run", type=_folder, help="a run folder")
     parser.add_argument(
         "--root", type=Path, default=Path("runs"), help="output root (default: runs)"
     )
@@ -179,7 +188,8 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.parallel is not None and args.parallel < 1:
         raise ConfigError(f"--parallel {args.parallel}: give at least 1")
     modes = _sweep_modes(args)
-    points = [(f"mode={mode}", *point) for mode in modes for point in grid(args.grid)]
+    _check_grid_against_overrides(args.grid, args.overrides)
+    points = [(f"mode={mode}", *point) for mode in modes for point in grid(args.grid, len(modes))]
     cfgs = [_resolve(args, *point) for point in points]
     if args.dry_run:
         from launch.submit import sweep_dry_run
@@ -280,8 +290,11 @@ def _point_command(point: tuple[str, ...]) -> list[str]:
             *(f"--grid={value}" for value in values)]  # fmt: skip
 
 
-def grid(items: list[str]) -> list[tuple[str, ...]]:
-    """['a=1,2', 'b=x'] → [('a=1', 'b=x'), ('a=2', 'b=x')]"""
+MAX_POINTS = 10_000  # Slurm's default MaxJobCount: the jobs a cluster holds at once
+
+
+def grid(items: list[str], modes: int = 1) -> list[tuple[str, ...]]:
+    """['a=1,2', 'b=x'] → [('a=1', 'b=x'), ('a=2', 'b=x')], for a sweep of `modes` modes."""
     axes, keys = [], set()
     for item in items:
         key, sep, values = item.partition("=")
@@ -292,19 +305,48 @@ def grid(items: list[str]) -> list[tuple[str, ...]]:
         if key.strip() in keys:  # every point would run twice, or the later value would win
             raise ConfigError(f"--grid {key} is given twice: give its values once, in one --grid")
         listed = values.split(",")
-        if len(set(listed)) < len(listed):
-            raise ConfigError(
-                f"--grid {item!r} names a value twice: give each once, e.g. "
-                f"{key}={','.join(dict.fromkeys(listed))}"
-            )
+        _check_values_differ(key, listed)
         keys.add(key.strip())
         axes.append([f"{key}={v}" for v in listed])
+    count = modes * math.prod(len(axis) for axis in axes)
+    if count > MAX_POINTS:
+        raise ConfigError(
+            f"--modes and --grid make {count:,} points: a sweep holds at most {MAX_POINTS:,} (Slurm's default "
+            "limit of jobs queued at once); split it into several sweeps, or give fewer values"
+        )
     return list(itertools.product(*axes))
 
 
-def _prepare(args: argparse.Namespace) -> int:
-    import os
+def _check_values_differ(key: str, listed: list[str]) -> None:
+    """Two values that read the same (0.1 and 0.10, true and True) would run one point twice."""
+    firsts: dict[str, str] = {}  # each value as read → the first text that reads as it
+    twice = []
+    for text in listed:
+        _, value = read_override(f"{key}={text}")
+        read = json.dumps(value, sort_keys=True, default=str)
+        if read in firsts:
+            twice.append(f"{firsts[read]} and {text}")
+        firsts.setdefault(read, text)
+    if twice:
+        raise ConfigError(
+            f"--grid {key}={','.join(listed)} names one value twice ({twice[0]}): give each "
+            f"once, e.g. {key}={','.join(firsts.values())}"
+        )
 
+
+def _check_grid_against_overrides(items: list[str], overrides: list[str]) -> None:
+    """A key both swept and set would lose the set value to each point's without a word."""
+    set_keys = {item.partition("=")[0].strip(): item for item in overrides}
+    for item in items:
+        key = item.partition("=")[0].strip()
+        if key in set_keys:
+            raise ConfigError(
+                f"{set_keys[key]} and --grid {item} both set {key}: give it once, in the grid "
+                "or as a setting"
+            )
+
+
+def _prepare(args: argparse.Namespace) -> int:
     cfg = _resolve(args)
     root = runfolder.check_root(cfg.output.root)
     job_id = os.environ.get("SLURM_JOB_ID")
@@ -346,6 +388,8 @@ def _status(args: argparse.Namespace) -> int:
     )
 
     folders = args.runs or runfolder.find_runs(args.root)
+    if not folders and args.root.exists() and not args.root.is_dir():
+        raise runfolder.RunFolderError(f"--root {args.root} is a file: name the output root")
     if not folders:
         raise runfolder.RunFolderError(
             f"no runs under {args.root}: submit one with `python -m launch submit`"
@@ -406,7 +450,9 @@ def _logs(args: argparse.Namespace) -> int:
     for path in log_files(args.run, args.rank):
         print(f"==> {path} <==")
         try:
-            print(path.read_text(errors="replace"), end="")
+            text = path.read_text(errors="replace")
         except OSError as err:  # one unreadable log: say so, show the rest
             print(f"warning: {path} cannot be read ({err.strerror})", file=sys.stderr)
+        else:
+            print(text, end="")
     return 0

@@ -13,6 +13,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -382,12 +383,13 @@ def make_executor(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Exec
 def submit(cfg: Config, command: list[str]) -> tuple[Path, submitit.Job[Any]]:
     """Check, create the run folder, then submit the training job into it."""
     backend = check_submission(cfg)
+    made = runfolder.folders_to_make(cfg.output.root)
     run_dir = runfolder.create(cfg, launcher="launch", backend=backend.value, command=command)
     log.debug("backend %s, run folder %s, data under %s", backend.value, run_dir, cfg.data.root)
     try:
         return run_dir, _submit_into(cfg, run_dir, backend)
     except SubmitError:
-        shutil.rmtree(run_dir, ignore_errors=True)  # made for this job alone: nothing ran in it
+        runfolder.discard([run_dir], made)  # made for this job alone: nothing ran in it
         raise
 
 
@@ -404,11 +406,7 @@ def _submit_into(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Job[A
             job = executor.submit(Training(), str(run_dir))
     except (submitit.core.utils.FailedSubmissionError, submitit.core.utils.FailedJobError) as err:
         runfolder.update_meta(run_dir, submit_error=str(err))
-        raise SubmitError(
-            f"Slurm refused the job: {_scheduler_words(err)}. Compare cluster.partition, nodes, "
-            "gpus_per_node, gpu_type, cpus_per_task and mem_gb with what the cluster has: "
-            "`sinfo -o '%P %D %c %m %G'`"
-        ) from None
+        raise SubmitError(refusal(err)) from None
     _record_job(run_dir, job)
     return job
 
@@ -497,6 +495,7 @@ def _record_job(run_dir: Path, job: submitit.Job[Any]) -> None:
 
 def resume(run_dir: Path) -> submitit.Job[Any]:
     """Submit a new job into an existing run folder; it resumes from the folder's checkpoint."""
+    runfolder.read_meta(run_dir)  # a run folder, whole: before the claim leaves a file in it
     if not os.access(run_dir, os.W_OK | os.X_OK):  # also a read-only mount
         raise SubmitError(
             f"{run_dir} is not writable here: the resumed job writes its records and checkpoints "
@@ -526,6 +525,29 @@ def _resume_claimed(run_dir: Path) -> submitit.Job[Any]:
 
 class SubmitError(KitError):
     """The scheduler refused the job; the message carries its reason."""
+
+
+# sbatch's words when it found no controller to ask (no slurm.conf, a controller down).
+_UNREACHED = re.compile(
+    r"fetch config|contact slurm controller|Socket timed out|Zero Bytes were transmitted"
+    r"|Connection refused|Unable to establish|slurm\.conf",
+    re.IGNORECASE,
+)
+
+
+def refusal(err: Exception, what: str = "the job") -> str:
+    """Why sbatch did not take a job, and what to look at: the cluster's reach, or its sizes."""
+    words = _scheduler_words(err)
+    if _UNREACHED.search(words):
+        return (
+            f"sbatch could not reach Slurm: {words}. Run from a machine of the cluster (where "
+            "`sinfo` answers), or use cluster.backend=local to run on this one"
+        )
+    return (
+        f"Slurm refused {what}: {words}. Compare cluster.partition, nodes, gpus_per_node, "
+        "gpu_type, cpus_per_task and mem_gb with what the cluster has: "
+        "`sinfo -o '%P %D %c %m %G'`"
+    )
 
 
 def _scheduler_words(err: Exception) -> str:
@@ -980,6 +1002,7 @@ def _slurm_sweep(
 ) -> Iterator[tuple[Path, submitit.Job[Any]]]:
     """One array per MaxArraySize runs (the cluster's limit on an array's indices), all made
     first; an array Slurm refuses takes its run folders with it, and says how many went in."""
+    made = runfolder.folders_to_make(cfgs[0].output.root)
     run_dirs = [
         runfolder.create(cfg, launcher="launch sweep", backend="slurm", command=command)
         for cfg, command in zip(cfgs, commands, strict=True)
@@ -991,9 +1014,8 @@ def _slurm_sweep(
         try:
             submitted += zip(part, _array(cfgs[start : start + size], part, parallel), strict=True)
         except SubmitError as err:
-            for run_dir in run_dirs[start:]:
-                shutil.rmtree(run_dir, ignore_errors=True)
-            shutil.rmtree(runfolder.sweep_logs_dir(part[0]), ignore_errors=True)
+            logs = runfolder.sweep_logs_dir(part[0])
+            runfolder.discard([*run_dirs[start:], logs], [logs.parent, *made])  # `sweeps/` too
             went = f"; the first {start} runs were submitted (`launch status`)" if start else ""
             raise SubmitError(f"{err}{went}") from None
     for run_dir, job in submitted:
@@ -1011,9 +1033,7 @@ def _array(
         with _without_enclosing_job(), contextlib.redirect_stderr(io.StringIO()):
             return executor.map_array(ArrayElement(), [str(d) for d in run_dirs])
     except (submitit.core.utils.FailedSubmissionError, submitit.core.utils.FailedJobError) as err:
-        raise SubmitError(
-            f"Slurm refused the sweep's array of {len(run_dirs)} runs: {_scheduler_words(err)}"
-        ) from None
+        raise SubmitError(refusal(err, f"the sweep's array of {len(run_dirs)} runs")) from None
 
 
 def _array_executor(

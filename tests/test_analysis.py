@@ -11,6 +11,7 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -279,6 +280,35 @@ def test_a_field_of_the_wrong_type_is_skipped_by_every_reader(
     assert done.stderr.splitlines()[-1] == (
         "error: 1 of 3 runs were not cancelled: see the warnings above"
     )
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        ({"mode": "xyz"}, "mode='xyz' is not valid"),
+        ({"config": {"train": {"epochs": "2"}}}, "epochs='2', where the kit writes int"),
+        ({"config": {"cluster": {"setup": "not a list"}}}, "setup='not a list'"),
+    ],
+)
+def test_a_run_json_no_kit_writes_is_skipped_and_the_others_summarized(
+    runs: dict[str, Path], tmp_path: Path, edit: dict[str, Any], said: str
+) -> None:
+    """A hand-edited run.json (a mode this kit lacks, a setting of the wrong type) leaves that
+    run out of the summary with its name and why; the other runs' table stands."""
+    root = tmp_path / "runs"
+    good, bad = (_copy(runs[mode], root) for mode in ("dp", "ddp"))
+    meta = json.loads((bad / "run.json").read_text())
+    for key, value in edit.items():
+        if key == "mode":
+            meta["mode"] = meta["config"]["mode"] = value
+        else:  # one setting of one group
+            ((group, settings),) = value.items()
+            meta["config"][group].update(settings)
+    (bad / "run.json").write_text(json.dumps(meta))
+    code, out, err = _summarize(root)
+    assert code == 0 and _tables(out) and good.name in out, err
+    assert f"skipped {bad}: " in err and said in err, err
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize("unreadable", ["permissions", "a folder"])

@@ -223,6 +223,45 @@ CASES = [
         ('cluster.setup=["module load cuda\\ntouch {tmp}/PWNED"]',),
         ("cluster.setup='module load cuda\\ntouch", "holds the control character '\\n'"),
     ),
+    *[  # unquoted, YAML would fold the line break into a space: refused as written
+        Case(
+            f"bare line break in {key}",
+            (f"{key}=gpu\ntouch {{tmp}}/PWNED",),
+            (f"{key}='gpu\\ntouch", "holds the control character '\\n'", "on one line"),
+        )
+        for key in ("cluster.partition", "data.root")
+    ],
+    Case(
+        "bare line break in a setup line",
+        ("cluster.setup=[module load cuda\ntouch {tmp}/PWNED]",),
+        ("holds the control character '\\n'",),
+    ),
+    Case(
+        "zero-width space in account",
+        ("cluster.account=proj\u200bx",),
+        ("cluster.account='proj\\u200bx' holds the invisible character U+200B",),
+    ),
+    Case(
+        "right-to-left mark in partition",
+        ("cluster.partition=gpu\u202e",),
+        ("holds the invisible character U+202E",),
+    ),
+    *[
+        Case(
+            f"epochs written {written}",
+            (f"train.epochs={written}",),
+            (
+                f"train.epochs={written} is a number in a YAML 1.1 form, which reads as {read}",
+                "plain decimal digits",
+            ),
+        )
+        for written, read in (("010", 8), ("0x10", 16), ("1_0", 10), ("1:30", 90))
+    ],
+    Case(
+        "empty part of a key",
+        ("train..epochs=3",),
+        ("'train..epochs=3' is not of the form key=value",),
+    ),
     Case(
         "carriage return in qos",
         ('cluster.qos="a\\rb"',),
@@ -567,7 +606,12 @@ CASES = [
     Case(
         "YAML list",
         ("--config", "{tmp}/list.yaml"),
-        ("list.yaml must hold a mapping of settings, not a list",),
+        ("list.yaml must hold a mapping of settings", "not a single value or a list"),
+    ),
+    Case(
+        "YAML number",
+        ("--config", "{tmp}/number.yaml"),
+        ("number.yaml must hold a mapping of settings", "lines of `key: value`"),
     ),
     Case(  # read, it would wait for a writer for ever
         "config a named pipe",
@@ -597,6 +641,7 @@ def tmp(tmp_path: Path) -> Iterator[Path]:
     (tmp_path / "file").write_text("not a folder\n")
     (tmp_path / "broken.yaml").write_text("train: [epochs: 3\n")
     (tmp_path / "list.yaml").write_text("- train.epochs=3\n- train.lr=0.1\n")
+    (tmp_path / "number.yaml").write_text("42\n")
     (tmp_path / "injected.yaml").write_text('cluster:\n  partition: "gpu\\ntouch PWNED"\n')
     (tmp_path / "latin1.yaml").write_bytes("output:\n  name: caf\xe9\n".encode("latin-1"))
     os.mkfifo(tmp_path / "pipe.yaml")

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from kit import REPO, SMALL, kit, kit_here
+
+from core import runfolder
+from core.settings.loading import load_config
 
 
 @pytest.mark.parametrize(
@@ -43,13 +48,30 @@ def test_sweep_refuses_a_mode_besides_its_modes(
     ("grid", "named"),
     [
         (["train.lr=0.1,0.2", "train.lr=0.3"], "--grid train.lr is given twice"),
-        (["train.lr=0.1,0.1"], "--grid 'train.lr=0.1,0.1' names a value twice"),
+        (["train.lr=0.1,0.1"], "--grid train.lr=0.1,0.1 names one value twice (0.1 and 0.1)"),
+        (
+            ["train.lr=0.1,0.10,0.2"],
+            "names one value twice (0.1 and 0.10): give each once, e.g. train.lr=0.1,0.2",
+        ),
+        (["cluster.exclusive=true,True"], "names one value twice (true and True)"),
+        (
+            ["train.lr=0.1,0.2", "--", "train.lr=0.5"],
+            "train.lr=0.5 and --grid train.lr=0.1,0.2 both set train.lr",
+        ),
+        (
+            [
+                "train.seed=" + ",".join(map(str, range(101))),
+                "train.lr=" + ",".join(f"0.{n:03}" for n in range(1, 101)),
+            ],
+            "--modes and --grid make 20,200 points: a sweep holds at most 10,000",
+        ),
     ],
 )
-def test_sweep_refuses_a_point_that_would_run_twice(
+def test_sweep_refuses_a_grid_that_would_not_run_as_written(
     tmp_path: Path, grid: list[str], named: str
 ) -> None:
-    args = [arg for item in grid for arg in ("--grid", item)]
+    items, _, settings = " ".join(grid).partition(" -- ")  # after `--`: settings, not a grid
+    args = [arg for item in items.split() for arg in ("--grid", item)] + settings.split()
     where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
     done = kit_here("launch", "sweep", *args, "cluster.backend=local", *SMALL, *where)
     assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
@@ -111,3 +133,50 @@ def test_sweep_dry_run_prints_each_point_and_the_array_script(tmp_path: Path) ->
     # Every element's tasks start as a job's do: the stop signals held before Python loads.
     assert "-m train.start -u -m submitit.core._submit" in done.stdout
     assert not (tmp_path / "runs").exists()  # nothing made, nothing submitted
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`… | head -1`: the command stops writing as a Unix tool does (128 + SIGPIPE), with no
+    traceback on its stderr."""
+    command = (
+        f"{sys.executable} -m launch sweep --grid train.seed={','.join(map(str, range(300)))} "
+        f"cluster.backend=local output.root={tmp_path} --dry-run 2>{tmp_path}/err | head -1; "
+        'echo "${PIPESTATUS[0]}"'
+    )
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)  # fmt: skip
+    first, code = done.stdout.splitlines()
+    assert first == "point 0: mode=dp train.seed=0" and code == "141"
+    assert (tmp_path / "err").read_text() == ""
+
+
+def test_status_of_dot_names_the_run_and_a_file_as_root_is_named(tmp_path: Path) -> None:
+    cfg = load_config(overrides=[f"output.root={tmp_path}"])
+    run_dir = runfolder.create(cfg, launcher="launch", backend="local", command=[])
+    done = kit_here("launch", "status", ".", cwd=run_dir)
+    assert done.returncode == 0 and done.stdout.splitlines()[1].split()[0] == run_dir.name
+    done = kit_here("launch", "status", "--root", str(run_dir / "run.json"))
+    assert done.stderr == f"error: --root {run_dir}/run.json is a file: name the output root\n"
+
+
+@pytest.mark.skipif(
+    not shutil.which("sbatch") or Path("/etc/slurm/slurm.conf").exists(),
+    reason="needs an sbatch that finds no cluster (no slurm.conf here)",
+)
+@pytest.mark.parametrize("command", ["submit", "sweep"])
+def test_a_machine_without_slurm_is_named_and_no_folder_is_left(
+    tmp_path: Path, command: str
+) -> None:
+    """sbatch that reaches no controller: the fix is another machine or the local backend, not
+    the job's sizes; the output root made for the refused job is gone again."""
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    args = ["--mode", "ddp"] if command == "submit" else ["--grid", "train.lr=0.1,0.2"]
+    done = subprocess.run(
+        [sys.executable, "-m", "launch", command, *args, "cluster.backend=slurm",
+         f"output.root={tmp_path}/deep/runs"],
+        capture_output=True, text=True, cwd=REPO, env={**env, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stderr.startswith("error: sbatch could not reach Slurm")
+    assert "or use cluster.backend=local" in done.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from kit import REPO, kit_here
+from kit import REPO, kit, kit_here
 
 from core import runfolder
 from core.settings.loading import load_config
@@ -382,3 +382,57 @@ def test_a_run_folder_is_readable_by_the_group(tmp_path: Path) -> None:
         os.umask(old)
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o755
     assert stat.S_IMODE((run_dir / runfolder.META).stat().st_mode) == 0o644
+
+
+def test_a_moved_run_folder_shows_its_own_logs_not_the_old_places(tmp_path: Path) -> None:
+    """run.json keeps the logs' paths where the run was made; a copy (or a moved sweep) reads
+    those in its own folder, even while the original is still there."""
+    cfg = load_config(overrides=[f"output.root={tmp_path / 'a'}"])
+    run_dir = runfolder.create(cfg, launcher="launch", backend="local", command=[])
+    made = runfolder.logs_dir(run_dir) / "7_0_log.out"
+    elsewhere = tmp_path / "a" / runfolder.SWEEPS / "first" / "8_0_log.err"
+    elsewhere.parent.mkdir(parents=True)
+    for path in (made, elsewhere):
+        path.write_text("the original\n")
+    runfolder.update_meta(run_dir, logs=[[str(made), str(elsewhere), 5], "not a list"])
+    (tmp_path / "b").mkdir()
+    copy = tmp_path / "b" / "renamed"
+    subprocess.run(["cp", "-a", str(run_dir), str(copy)], check=True)
+    subprocess.run(["cp", "-a", str(elsewhere.parents[1]), str(tmp_path / "b")], check=True)
+    assert runfolder.log_files(copy, 0) == [
+        copy / "logs" / "7_0_log.out",
+        tmp_path / "b" / runfolder.SWEEPS / "first" / "8_0_log.err",
+    ]
+    assert runfolder.log_files(copy, 1) == []  # a damaged entry: no logs, no error
+
+
+def test_a_named_pipe_in_a_run_folder_is_damage_not_a_wait(tmp_path: Path) -> None:
+    """Readers open run files without blocking: a FIFO in place of run.json or of a rank's
+    records is a damaged run (status, summarize), never a command that waits for a writer."""
+    cfg = load_config(overrides=[f"output.root={tmp_path}"])
+    run_dir = runfolder.create(cfg, launcher="launch", backend="local", command=[])
+    runfolder.metrics_path(run_dir, 0).parent.mkdir(exist_ok=True)
+    os.mkfifo(runfolder.metrics_path(run_dir, 0))
+    assert runfolder.read_records(runfolder.metrics_path(run_dir, 0)) == (
+        [],
+        [f"{runfolder.metrics_path(run_dir, 0)}: cannot be read (not a regular file), skipped"],
+    )
+    (run_dir / runfolder.META).unlink()
+    os.mkfifo(run_dir / runfolder.META)
+    with pytest.raises(runfolder.RunFolderError, match=r"not a regular file.*damaged"):
+        runfolder.read_meta(run_dir)
+    for command in (["launch", "status"], ["analysis", "summarize"]):
+        done = kit(*command, str(run_dir), timeout=60)  # a read that blocked would time out
+        assert done.returncode in (1, 2) and "the run folder is damaged" in done.stderr
+
+
+def test_a_refused_resume_leaves_nothing_in_the_folder_it_was_given(tmp_path: Path) -> None:
+    (tmp_path / "runs").mkdir()
+    for given in (tmp_path / "runs", tmp_path / "nothing"):
+        done = kit_here("launch", "resume", str(given))
+        assert done.returncode == 2
+        assert (
+            done.stderr
+            == f"error: {given} is not a run folder (no run.json): pass a folder under runs/\n"
+        )
+    assert list((tmp_path / "runs").iterdir()) == []

@@ -143,6 +143,13 @@ def test_resnet18_on_patterns_with_dp_and_ddp(tmp_path: Path) -> None:
             ["gave (2, 10) for 2 samples of shape (4,): it must give (N, 3)", "0..2"],
         ),
         ("train.channels_last=true", ["gives samples of shape (4,): drop it"]),
+        (
+            "model.name=convnet",
+            [
+                "model.name=convnet takes images (channels, height, width) of at least 6×6 pixels",
+                "gives samples of shape (4,): set model.name to a factory of your own",
+            ],
+        ),
         ("data.train_size=100", ["data.train_size sizes the embedded datasets", "drop"]),
     ],
 )

@@ -8,6 +8,7 @@ about 1.7 s of CPU at start-up, and only the ResNet workload needs it.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -85,11 +86,15 @@ def _write_synthetic(staging: Path, seed: int, train_size: int, test_size: int) 
     (staging / "SOURCE.json").write_text(json.dumps(source))
 
 
-def _unwritable(folder: Path, err: OSError) -> DataError:
-    return DataError(
-        f"could not write the synthetic digits to {folder}: {err.strerror or err}; free space "
-        "there, or point data.root at another folder"
-    )
+def _unwritable(folder: Path, err: OSError, what: str = "the synthetic digits") -> DataError:
+    """The error of a data folder that cannot be written, with the fix its cause asks for."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free space there, or point data.root at another folder"
+    elif err.errno in (errno.EEXIST, errno.ENOTDIR):
+        fix = "a file stands where a folder must be: point data.root at a folder"
+    else:
+        fix = "point data.root at a folder you can write"
+    return DataError(f"could not write {what} to {folder}: {err.strerror or err}; {fix}")
 
 
 def synthetic_digits(count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -235,8 +240,11 @@ def fetch_mnist(root: Path) -> Path:
         verify(root, "mnist")
         return root
     made = [p for p in [raw.parent, *raw.parent.parents] if not p.exists()]
-    raw.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=raw.parent))
+    try:
+        raw.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=raw.parent))
+    except OSError as err:
+        raise _unwritable(raw.parent, err, "MNIST") from None
     try:
         for train in (True, False):
             MNIST(str(staging), train=train, download=True)

@@ -120,6 +120,7 @@ def build_model(cfg: Config, shape: Shape, classes: int) -> nn.Module:
         )
     name = cfg.model.name
     if name in MODELS:
+        _check_image_size(cfg, shape)
         return model.build(name, shape, classes, cfg.model)
     built = factories.call("model.name", name, shape, classes)
     if not isinstance(built, nn.Module):
@@ -128,6 +129,20 @@ def build_model(cfg: Config, shape: Shape, classes: int) -> nn.Module:
         sample = random_batch(cfg, shape, classes, 2, "cpu")
     _check_outputs(name, built, sample, classes)
     return built
+
+
+_SMALLEST_IMAGE = {"convnet": 6, "resnet18": 1}  # height and width: two 3×3 convolutions, a pool
+
+
+def _check_image_size(cfg: Config, shape: Shape) -> None:
+    """The built-in image models take (channels, height, width) samples of some least size."""
+    least = _SMALLEST_IMAGE.get(cfg.model.name)
+    if least is not None and (len(shape) != 3 or min(shape[1:]) < least):
+        raise ConfigError(
+            f"model.name={cfg.model.name} takes images (channels, height, width) of at least "
+            f"{least}×{least} pixels, but data.dataset={cfg.data.dataset} gives samples of shape "
+            f"{tuple(shape)}: set model.name to a factory of your own (module:function)"
+        )
 
 
 def _check_outputs(name: str, built: nn.Module, sample: Batch, classes: int) -> None:

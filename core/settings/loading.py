@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import difflib
 import functools
+import re
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -19,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from core.settings.rules import validate
+from core.settings.rules import check_written, validate
 from core.settings.schema import Choice, Config, ConfigError
 
 if typing.TYPE_CHECKING:  # imported where used: readers of many runs never pay for OmegaConf
@@ -106,6 +107,10 @@ def _build(schema: type, values: dict[str, Any]) -> Any:
     for name, make in _builders(schema).items():
         if name in fields:
             fields[name] = make(fields[name])
+    for name, kinds in _plain_kinds(schema).items():
+        if name in fields and not isinstance(fields[name], kinds):
+            wanted = " or ".join(kind.__name__ for kind in kinds)
+            raise ValueError(f"{name}={fields[name]!r}, where the kit writes {wanted}")
     return schema(**fields)
 
 
@@ -121,16 +126,40 @@ def _builders(schema: type) -> dict[str, Callable[[Any], Any]]:
     return builders
 
 
+@functools.cache
+def _plain_kinds(schema: type) -> dict[str, tuple[type, ...]]:
+    """The plain-valued fields of a dataclass and the types a stored value of each may have (a
+    float may be stored as an integer)."""
+    kinds: dict[str, tuple[type, ...]] = {}
+    for name, hint in typing.get_type_hints(schema).items():
+        union = typing.get_origin(hint) in (types.UnionType, typing.Union)
+        options = typing.get_args(hint) if union else (hint,)
+        plain = [typing.get_origin(o) or o for o in options]
+        if all(o in (int, float, str, bool, list, dict, type(None)) for o in plain):
+            kinds[name] = (*plain, int) if float in plain else tuple(plain)
+    return kinds
+
+
 def _read_yaml(path: Path) -> DictConfig:
     from omegaconf import DictConfig, OmegaConf
 
     text = _config_text(path)
     try:
-        loaded = OmegaConf.create(text)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except Exception as err:  # yaml's own errors carry the line and column
         raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(err)}") from None
-    if not isinstance(loaded, DictConfig):
+    if node is None:  # nothing but comments: no settings
+        return OmegaConf.create()
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError(
+            f"config file {path} must hold a mapping of settings (lines of `key: value`, e.g. "
+            "`train:` then `  epochs: 3`), not a single value or a list"
+        )
+    try:
+        loaded = OmegaConf.create(text)
+    except Exception as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(err)}") from None
+    if not isinstance(loaded, DictConfig):  # never, after the check above
         raise ConfigError(f"config file {path} must hold a mapping of settings, not a list")
     written = _as_written(OmegaConf.to_container(loaded), node, Config, "")
     return typing.cast(DictConfig, OmegaConf.create(written))
@@ -159,20 +188,21 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
     items = []
     for item in overrides:
         key, sep, value = item.partition("=")
-        if not sep or not key:
+        if not sep or not all(key.split(".")):  # no key, or an empty part: `train..epochs`
             raise ConfigError(
                 f"override {item!r} is not of the form key=value, e.g. train.epochs=3"
             )
+        check_written(key, value)  # before YAML folds a line break into a space
         items.append(item if value else f"{key}=''")  # `key=` means the empty string
     layer = OmegaConf.create()
     for item in items:
-        key, value = _read_override(item)
+        key, value = read_override(item)
         OmegaConf.update(layer, key, copy.deepcopy(value))  # the cached value stays as read
     return layer
 
 
 @functools.lru_cache(maxsize=4096)
-def _read_override(item: str) -> tuple[str, Any]:
+def read_override(item: str) -> tuple[str, Any]:
     """One `key=value` as its key and value read as written; cached, since a sweep gives every
     point the same overrides besides its own (a refused one raises, and is not cached)."""
     from omegaconf import OmegaConf
@@ -225,7 +255,19 @@ def _as_written(value: Any, node: yaml.Node | None, hint: Any, key: str) -> Any:
         return node.value
     if hint is bool and node.tag in _NUMBERS and node.value not in ("0", "1"):
         raise ConfigError(f"{key}={node.value} must be true or false")
+    if node.tag in _NUMBERS and not _PLAIN_NUMBER.fullmatch(node.value):
+        raise ConfigError(
+            f"{key}={node.value} is a number in a YAML 1.1 form, which reads as {value}: write "
+            "it in plain decimal digits, without a leading 0, '0x', '_' or ':'"
+        )
     return value
+
+
+# Decimal as Python and YAML 1.2 read it: no leading zero, no '_', no base-60 '1:30'.
+_PLAIN_NUMBER = re.compile(
+    r"[-+]?(0|[1-9][0-9]*)(\.[0-9]*)?([eE][-+]?[0-9]+)?|[-+]?\.[0-9]+([eE][-+]?[0-9]+)?"
+    r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)"
+)
 
 
 def _hint_at(parts: list[str]) -> Any:

@@ -362,8 +362,9 @@ _SBATCH_OWNED = {
 
 
 def _check_text(values: Any, key: str) -> None:
-    """No setting holds a control character: settings are written into the job's batch script,
-    where a line break would start a line (a command) of its own."""
+    """No setting holds a control character or an invisible one: settings are written into the
+    job's batch script, where a line break would start a line (a command) of its own, and a
+    zero-width or direction mark would go unseen into an account or partition name."""
     if isinstance(values, dict):
         for name, value in values.items():
             _check_text(name, key)
@@ -372,12 +373,25 @@ def _check_text(values: Any, key: str) -> None:
         for value in values:
             _check_text(value, key)
     elif isinstance(values, str):
-        bad = next((c for c in values if unicodedata.category(c) == "Cc"), None)
-        if bad is not None:
-            raise ConfigError(
-                f"{key}={values!r} holds the control character {bad!r}: settings go into the "
-                "job's batch script, where it would break the line; write the value on one line"
-            )
+        check_written(key, values)
+
+
+_UNSEEN = {"Cc", "Cf", "Zl", "Zp"}  # controls, format marks (zero-width, direction), line breaks
+
+
+def check_written(key: str, text: str) -> None:
+    """Refuse a setting's text that holds a character one cannot see in a batch script."""
+    bad = next((c for c in text if unicodedata.category(c) in _UNSEEN), None)
+    if bad is not None:
+        which = (
+            f"the control character {bad!r}"
+            if unicodedata.category(bad) == "Cc"
+            else f"the invisible character U+{ord(bad):04X}"
+        )
+        raise ConfigError(
+            f"{key}={text!r} holds {which}: settings go into the job's batch script; write the "
+            "value on one line, in characters that can be seen"
+        )
 
 
 def _check_slurm_name(key: str, value: str | None) -> None:
