@@ -7,12 +7,14 @@ exception is a bug and keeps its traceback (exit code 1); Ctrl-C is one line and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from core.errors import KitError
 
@@ -53,12 +55,73 @@ def run_cli(func: Callable[[argparse.Namespace], int], args: argparse.Namespace)
     except KitError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:  # Ctrl-C: what was written stays; nothing to report but that
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as err:  # what was written stays; nothing to report but that
+        print(interrupt_word(err), file=sys.stderr)
+        return exit_status(err)
     except BrokenPipeError:  # the reader went away (`| head`): end quietly, as `yes | head` does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # for the final flush
         return EXIT_BROKEN_PIPE
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, ending a command the way Ctrl-C does: one line, what was started
+    cancelled or said to go on (`interrupt_on`)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
+ENDING = tuple(_WORDS)
+
+
+def interrupt_word(err: KeyboardInterrupt) -> str:
+    return _WORDS.get(signal.Signals(getattr(err, "signum", signal.SIGINT)), "interrupted")
+
+
+def exit_status(err: KeyboardInterrupt) -> int:
+    """128 + the signal, as a shell reports a command a signal ended (130 for Ctrl-C)."""
+    return 128 + int(getattr(err, "signum", signal.SIGINT))
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def interrupt_on(*signums: int) -> None:
+    """Let these signals end the command as Ctrl-C does, rather than kill it without a word;
+    one that was ignored when the command started (`nohup`) stays ignored."""
+    for signum in signums:
+        with contextlib.suppress(ValueError):  # not the main thread
+            if signal.getsignal(signum) == signal.SIG_DFL:
+                signal.signal(signum, _raise_interrupted)
+
+
+class HeldSignals:
+    """Ctrl-C, SIGTERM and SIGHUP held back from `hold()` to `release()`: while a job is being
+    started and recorded, so that one that comes then is taken once the job can be named,
+    cancelled or said to go on, never leaving a job no record knows. `signum`: the first that
+    came. A signal ignored before (a shell's background job ignores Ctrl-C) stays without effect;
+    the job started meanwhile still hears it (a handled signal is reset at exec)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._before: dict[int, Any] = {}
+
+    def hold(self) -> None:
+        for signum in ENDING:
+            with contextlib.suppress(ValueError):  # not the main thread: nothing held
+                self._before[signum] = signal.signal(signum, self._note)
+
+    def _note(self, signum: int, frame: object) -> None:
+        if self.signum is None and self._before.get(signum) != signal.SIG_IGN:
+            self.signum = signum
+
+    def release(self) -> None:
+        for signum, before in self._before.items():
+            signal.signal(signum, signal.SIG_DFL if before is None else before)
+        self._before = {}
 
 
 VERBOSE = "KIT_VERBOSE"  # the launcher's -v, passed on to its jobs (which inherit the environment)

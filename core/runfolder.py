@@ -822,6 +822,13 @@ def atomic_file(path: Path) -> Iterator[Path]:
         partial.unlink(missing_ok=True)
 
 
+def drop_partials(path: Path) -> None:
+    """Remove what a writer of `path` killed outright (SIGKILL: no clean-up runs) left of it; only
+    for a file that one process at a time writes (a checkpoint), never run.json."""
+    for left in path.parent.glob(f".{glob.escape(path.name)}.*.partial"):
+        left.unlink(missing_ok=True)
+
+
 def _sync_folder(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:

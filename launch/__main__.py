@@ -1,6 +1,10 @@
 import sys
 
-from launch.cli import main
+try:
+    from launch.cli import main
+except KeyboardInterrupt:  # Ctrl-C while the command loads: one line, as at any later instant
+    sys.stderr.write("interrupted\n")
+    sys.exit(130)
 
 if __name__ == "__main__":  # not when a spawned process imports it as its main
     sys.exit(main())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -13,7 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from core import container, runfolder, strategies
-from core.cli import EXIT_INTERRUPTED, ArgumentParser, add_common_flags, run_cli
+from core.cli import (
+    ENDING,
+    ArgumentParser,
+    HeldSignals,
+    Interrupted,
+    add_common_flags,
+    exit_status,
+    interrupt_on,
+    interrupt_word,
+    run_cli,
+)
 from core.errors import KitError
 from core.settings.loading import load_config, read_override, to_yaml
 from core.settings.rules import check_batch_fits_data
@@ -30,6 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    interrupt_on(*ENDING)  # a SIGTERM or a closed terminal ends a command as Ctrl-C does
     return run_cli(args.func, args)
 
 
@@ -163,23 +175,36 @@ def _submit(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(dry_run(cfg), end="")
         return 0
-    run_dir, job = submit(cfg, command=_command())
+    held = HeldSignals()  # from the run folder's making until the job is named here
+    try:
+        run_dir, job = submit(cfg, command=_command(), held=held)
+        _say_submitted(job, run_dir)
+    finally:
+        held.release()
+    return _follow(job, run_dir, args.wait, args.quiet, held=held.signum)
+
+
+def _say_submitted(job: Any, run_dir: Path) -> None:
     print(f"submitted job {job.job_id}")
     print(f"run folder: {run_dir}", flush=True)
-    if args.wait:
-        return _follow(job, run_dir, quiet=args.quiet)
-    return 0
 
 
-def _follow(job: Any, run_dir: Path, quiet: bool, resumed: bool = False) -> int:
-    """`--wait`: 0 if the job succeeded, 1 if it failed, 130 on Ctrl-C (said in one line)."""
+def _follow(
+    job: Any, run_dir: Path, wait: bool, quiet: bool, resumed: bool = False, held: int | None = None
+) -> int:
+    """`--wait`: 0 if the job succeeded, 1 if it failed, 130 on Ctrl-C (said in one line), or
+    if it was cancelled. `held`: a signal that came while the job was submitted, taken now."""
     from launch.submit import follow, interrupted
 
     try:
-        return 0 if follow(job, run_dir, quiet=quiet, resumed=resumed) else 1
-    except KeyboardInterrupt:
-        print(interrupted(job, run_dir), file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+        if held is not None:
+            raise Interrupted(held)
+        return follow(job, run_dir, quiet=quiet, resumed=resumed) if wait else 0
+    except KeyboardInterrupt as err:
+        line = interrupted(job, run_dir, err)
+        with contextlib.suppress(OSError):  # a terminal that hung up takes no line
+            print(line, file=sys.stderr, flush=True)
+        return exit_status(err)
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -206,19 +231,19 @@ def _sweep(args: argparse.Namespace) -> int:
             print(
                 f"submitted job {job.job_id}  {' '.join(point)}  run folder: {run_dir}", flush=True
             )
-    except KeyboardInterrupt:  # locally the sweep waits for its runs: Ctrl-C ends it cleanly
+    except KeyboardInterrupt as err:  # locally the sweep waits for its runs: ends them cleanly
         from launch.submit import interrupted
 
         for run_dir, job in submitted:
             if not job.done():
-                print(interrupted(job, run_dir), file=sys.stderr, flush=True)
+                print(interrupted(job, run_dir, err), file=sys.stderr, flush=True)
         if len(submitted) < len(cfgs):
             print(
-                f"interrupted: {len(cfgs) - len(submitted)} of the sweep's {len(cfgs)} runs "
-                "were not submitted",
+                f"{interrupt_word(err)}: {len(cfgs) - len(submitted)} of the sweep's "
+                f"{len(cfgs)} runs were not submitted",
                 file=sys.stderr,
             )
-        return EXIT_INTERRUPTED
+        return exit_status(err)
     return _local_sweep_result(submitted)
 
 
@@ -368,12 +393,13 @@ def _prepare(args: argparse.Namespace) -> int:
 def _resume(args: argparse.Namespace) -> int:
     from launch.submit import resume
 
-    job = resume(args.run)
-    print(f"submitted job {job.job_id}")
-    print(f"run folder: {args.run}", flush=True)
-    if args.wait:
-        return _follow(job, args.run, quiet=args.quiet, resumed=True)
-    return 0
+    held = HeldSignals()
+    try:
+        job = resume(args.run, held=held)
+        _say_submitted(job, args.run)
+    finally:
+        held.release()
+    return _follow(job, args.run, args.wait, args.quiet, resumed=True, held=held.signum)
 
 
 def _status(args: argparse.Namespace) -> int:

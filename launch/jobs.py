@@ -6,13 +6,15 @@ State comes from Slurm (`core.slurm`: accounting, then the queue), then the run 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import time
 from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
-from core import runfolder, slurm
+from core import processes, runfolder, slurm
 from core.errors import KitError
 from core.settings.rules import world_size
 
@@ -117,13 +119,31 @@ def cancel(run_dir: Path) -> str:
     runfolder.update_meta(run_dir, cancel_requested=True)
     if not local:
         return _cancel_slurm(run_dir, str(job_id))
-    try:
-        # SIGINT, as submitit's own cancel: the controller stops every task (its tasks ignore
-        # a forwarded SIGTERM, which submitit reserves for preemption).
-        os.kill(int(job_id), signal.SIGINT)
-    except ProcessLookupError:
-        return ended
+    # SIGINT, as submitit's own cancel: the controller stops every task (its tasks ignore a
+    # forwarded SIGTERM, which submitit reserves for preemption); tasks whose controller is
+    # gone are told themselves.
+    targets = [int(job_id)] if _controller_alive(meta, run_dir) else []
+    targets += [pid for pids in _tasks(run_dir, meta).values() for pid in pids]
+    for pid in targets:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGINT)
     return f"{run_dir.name}: cancelled local job {job_id}"
+
+
+END_WAIT_S = 10.0  # a cancelled task ends within a second or two; past this, it is killed
+
+
+def wait_local_end(run_dir: Path, timeout_s: float = END_WAIT_S) -> None:
+    """Return once a local job's controller and tasks have all ended, killing the tasks still
+    there after `timeout_s`: a command that says a job was cancelled leaves nothing behind."""
+    meta = runfolder.read_meta(run_dir)
+    deadline = time.monotonic() + timeout_s
+    while _local_job_alive(run_dir, meta) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pids in _tasks(run_dir, meta).values():
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _cancel_slurm(run_dir: Path, job_id: str) -> str:
@@ -234,6 +254,22 @@ def process_identity(pid: int) -> str | None:
 
 
 def _local_job_alive(run_dir: Path, meta: dict[str, Any]) -> bool:
+    """The local job runs: its controller, or a task of it (one whose controller was killed)."""
+    return _controller_alive(meta, run_dir) or bool(_tasks(run_dir, meta))
+
+
+def local_job_alive(run_dir: Path) -> bool:
+    """Whether any process of the run's local job still runs (see `_local_job_alive`)."""
+    return _local_job_alive(run_dir, runfolder.read_meta(run_dir))
+
+
+def _tasks(run_dir: Path, meta: dict[str, Any]) -> dict[int, list[int]]:
+    """The job's live task processes, by rank (named by the job id and the run folder)."""
+    job_id = str(meta.get("job_id") or "")
+    return processes.local_tasks(job_id, run_dir.resolve().name) if job_id.isdigit() else {}
+
+
+def _controller_alive(meta: dict[str, Any], run_dir: Path) -> bool:
     """The local job's controller still runs: its PID is alive and is still that process (a PID
     is reused once its process ends), judged by the identity recorded at submission; for a run
     recorded before that, by its command line, which names the run's log folder."""

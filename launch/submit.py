@@ -28,6 +28,7 @@ from typing import Any
 import submitit
 
 from core import container, datafiles, factories, runfolder, slurm, strategies
+from core.cli import ENDING, EXIT_INTERRUPTED, HeldSignals, interrupt_word
 from core.errors import KitError
 from core.settings.loading import to_dict
 from core.settings.rules import (
@@ -380,9 +381,15 @@ def make_executor(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Exec
     return local
 
 
-def submit(cfg: Config, command: list[str]) -> tuple[Path, submitit.Job[Any]]:
-    """Check, create the run folder, then submit the training job into it."""
+def submit(
+    cfg: Config, command: list[str], held: HeldSignals | None = None
+) -> tuple[Path, submitit.Job[Any]]:
+    """Check, create the run folder, then submit the training job into it; `held`: the ending
+    signals, held from the folder's making on (the caller releases them once it has named the
+    job)."""
     backend = check_submission(cfg)
+    if held:
+        held.hold()
     made = runfolder.folders_to_make(cfg.output.root)
     run_dir = runfolder.create(cfg, launcher="launch", backend=backend.value, command=command)
     log.debug("backend %s, run folder %s, data under %s", backend.value, run_dir, cfg.data.root)
@@ -493,8 +500,9 @@ def _record_job(run_dir: Path, job: submitit.Job[Any]) -> None:
     )
 
 
-def resume(run_dir: Path) -> submitit.Job[Any]:
-    """Submit a new job into an existing run folder; it resumes from the folder's checkpoint."""
+def resume(run_dir: Path, held: HeldSignals | None = None) -> submitit.Job[Any]:
+    """Submit a new job into an existing run folder; it resumes from the folder's checkpoint.
+    `held`: as for `submit`, held from the submission on."""
     runfolder.read_meta(run_dir)  # a run folder, whole: before the claim leaves a file in it
     if not os.access(run_dir, os.W_OK | os.X_OK):  # also a read-only mount
         raise SubmitError(
@@ -502,10 +510,10 @@ def resume(run_dir: Path) -> submitit.Job[Any]:
             "into it; make it writable, or copy the run folder somewhere writable and resume the copy"
         )
     with runfolder.claimed(run_dir):
-        return _resume_claimed(run_dir)
+        return _resume_claimed(run_dir, held)
 
 
-def _resume_claimed(run_dir: Path) -> submitit.Job[Any]:
+def _resume_claimed(run_dir: Path, held: HeldSignals | None) -> submitit.Job[Any]:
     from launch.jobs import status
 
     now = status(run_dir)
@@ -520,7 +528,12 @@ def _resume_claimed(run_dir: Path) -> submitit.Job[Any]:
     backend = check_submission(cfg)
     # Cleared first: the new job must not take the last job's cancel as its own.
     runfolder.update_meta(run_dir, cancel_requested=None, submit_error=None, backend=backend.value)
+    if held:
+        held.hold()
     return _submit_into(cfg, run_dir, backend)
+
+
+EXIT_FAILED = 1
 
 
 class SubmitError(KitError):
@@ -566,13 +579,19 @@ def follow(
     say: Callable[[str], None] = _say,
     quiet: bool = False,
     resumed: bool = False,
-) -> bool:
+) -> int:
     """Print one line per finished epoch (unless quiet) until the job ends; then its result or
-    its error. `resumed`: a job resumed into the folder; the epochs done before are not shown
-    again, and where it goes on from is said once it starts."""
+    its error; returns the exit status: 0 done, 1 failed or stopped, 130 cancelled. `resumed`:
+    a job resumed into the folder; the epochs done before are not shown again, and where it
+    goes on from is said once it starts."""
     view = runfolder.read_rank(run_dir, 0) if resumed else []
     earlier = runfolder.of_kind(view, "start")  # the last attempt's start, if any
-    shown = _Shown(len(runfolder.of_kind(view, "epoch")), earlier[0]["time"] if earlier else None)
+    said = runfolder.of_kind(view, "progress")[-1:]  # the stopped attempt's: not the new one's
+    shown = _Shown(
+        len(runfolder.of_kind(view, "epoch")),
+        earlier[0]["time"] if earlier else None,
+        said[0]["time"] if said else 0.0,
+    )
     progress = (lambda line: None) if quiet else say
     # A local job starts at once: say what it does until rank 0 has started (a Slurm job's
     # wait in the queue is said by _say_pending, its start by the start line).
@@ -582,14 +601,17 @@ def follow(
             f"starting {job.num_tasks} task(s): Python and torch, the process group, the model"
             f"{warm_up}, the data (the first epoch follows)"
         )
-    said, look = "", time.monotonic() + PENDING_LOOK_S
+    pending, look = "", time.monotonic() + PENDING_LOOK_S
     slurm_says = _SlurmWord(job, run_dir, say)
-    while not job.done() or slurm_says.still_running():
+    while not job.done() or slurm_says.still_running() or _tasks_left(job, run_dir):
         _show_epochs(run_dir, shown, progress)
         if isinstance(job, submitit.SlurmJob) and time.monotonic() > look:
-            said, look = _say_pending(job, run_dir, said, progress), look + PENDING_LOOK_S
+            pending, look = _say_pending(job, run_dir, pending, progress), look + PENDING_LOOK_S
         time.sleep(1.0)
     _show_epochs(run_dir, shown, progress)
+    if _cancelled(job, run_dir):  # by `launch cancel` (or scancel) from elsewhere
+        say(f"job {job.job_id} was cancelled; {continue_words(run_dir)}")
+        return EXIT_INTERRUPTED
     try:
         result = job.results()[0]  # every task must succeed; rank 0 holds the summary
     except Exception as err:  # submitit re-raises the task's error with its traceback
@@ -599,7 +621,7 @@ def follow(
                 f"job {job.job_id} stopped ({stop['reason']}), saved in epoch {stop['epoch']} "
                 f"after batch {stop['batches']}; {continue_words(run_dir)}"
             )
-            return False
+            return EXIT_FAILED
         first = runfolder.first_failure(run_dir)
         if first:  # the rank that failed first, not a peer that lost its connection to it
             say(f"job {job.job_id} failed: {runfolder.failure_words(first)}")
@@ -609,12 +631,30 @@ def follow(
         else:
             say(f"job {job.job_id} failed: {err}")
         say(f"logs: python -m launch logs {run_dir}")
-        return False
+        return EXIT_FAILED
     if result.get("diverged_epoch") is not None:
         say(f"job {job.job_id} diverged: {diverged_words(result)}")
-        return False
+        return EXIT_FAILED
     say(f"job {job.job_id} done: {result_words(result)}")
-    return True
+    return 0
+
+
+def _tasks_left(job: submitit.Job[Any], run_dir: Path) -> bool:
+    """A local job's tasks that outlive their controller (killed): the job is not over yet."""
+    from launch.jobs import local_job_alive
+
+    return isinstance(job, submitit.LocalJob) and local_job_alive(run_dir)
+
+
+def _cancelled(job: submitit.Job[Any], run_dir: Path) -> bool:
+    """The job ended by a cancel, not of itself: marked by `launch cancel`, or, for a Slurm job
+    cancelled with scancel, so in Slurm's words."""
+    if runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):
+        return False
+    if runfolder.read_meta(run_dir).get("cancel_requested"):
+        return True
+    found = slurm.state(str(job.job_id)) if isinstance(job, submitit.SlurmJob) else None
+    return bool(found and found.state.startswith("CANCELLED"))
 
 
 def _planned_stop(run_dir: Path) -> dict[str, Any] | None:
@@ -713,33 +753,37 @@ def _requeued(run_dir: Path) -> str:
     return f"requeued ({'; '.join(why)}), "
 
 
-def interrupted(job: submitit.Job[Any], run_dir: Path) -> str:
-    """After Ctrl-C while following a job: what became of it, in one line.
+def interrupted(job: submitit.Job[Any], run_dir: Path, err: KeyboardInterrupt | None = None) -> str:
+    """After Ctrl-C (or SIGTERM, SIGHUP: `err`) while following a job: what became of it, in
+    one line.
 
     A local job runs in the terminal's process group, so the terminal's Ctrl-C reached its
     controller and ranks as well: it is cancelled as `launch cancel` would (marked, so `status`
     reads CANCELLED and names no failure; its checkpoints kept for `launch resume`), and waited
-    for. A SIGINT to this process alone, which cannot be told apart, ends the job the same way.
-    A Slurm job is not in this terminal: it goes on.
+    for until none of its processes is left. A signal to this process alone, which cannot be
+    told apart, ends the job the same way. A Slurm job is not in this terminal: it goes on.
     """
-    from launch.jobs import cancel
+    from launch.jobs import cancel, wait_local_end
 
-    with contextlib.suppress(ValueError):  # a second Ctrl-C does not cut this short
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in ENDING:  # a second Ctrl-C does not cut this short
+        with contextlib.suppress(ValueError):
+            signal.signal(signum, signal.SIG_IGN)
+    word = interrupt_word(err or KeyboardInterrupt())
     if not isinstance(job, submitit.LocalJob):
         return (
-            f"stopped following; job {job.job_id} goes on: `python -m launch status {run_dir}`, "
-            f"`python -m launch cancel {run_dir}`"
+            f"{word}: stopped following; job {job.job_id} goes on: "
+            f"`python -m launch status {run_dir}`, `python -m launch cancel {run_dir}`"
         )
     if runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):
-        return f"interrupted: job {job.job_id} had already completed"
+        return f"{word}: job {job.job_id} had already completed"
     # Marked here too: the terminal's Ctrl-C may have ended the job before `cancel` looks.
     runfolder.update_meta(run_dir, cancel_requested=True)
     cancel(run_dir)
     deadline = time.monotonic() + 30  # the controller ends its tasks within seconds
     while not job.done() and time.monotonic() < deadline:
         time.sleep(0.2)
-    return f"interrupted: cancelled local job {job.job_id}; {continue_words(run_dir)}"
+    wait_local_end(run_dir)  # tasks a second Ctrl-C kept the controller from ending
+    return f"{word}: cancelled local job {job.job_id}; {continue_words(run_dir)}"
 
 
 def continue_words(run_dir: Path) -> str:

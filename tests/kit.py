@@ -110,13 +110,13 @@ def records(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def wait_for(what: Callable[[], bool], seconds: float) -> bool:
-    """Poll until `what()` holds or `seconds` pass; its last answer."""
+def wait_for(what: Callable[[], bool], seconds: float, every: float = 0.2) -> bool:
+    """Poll every `every` seconds until `what()` holds or `seconds` pass; its last answer."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if what():
             return True
-        time.sleep(0.2)
+        time.sleep(every)
     return what()
 
 

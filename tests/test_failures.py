@@ -65,6 +65,33 @@ def test_the_rank_that_raised_is_named_and_the_run_resumes(tmp_path: Path) -> No
     assert " COMPLETED " in kit("launch", "status", str(run_dir)).stdout
 
 
+def test_a_rank_killed_while_it_starts_is_named_at_once(tmp_path: Path) -> None:
+    """Rank 1 dies by SIGKILL in its interpreter's start, before it could write a word: rank 0
+    names it as soon as it waits for it (locally; under Slurm, srun names such a task), not
+    after dist.timeout_s (300 s here, the default) in words that blame rank 0."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os, signal\n"
+        "if os.environ.get('SUBMITIT_LOCAL_GLOBALID') == '1':\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    env = {"PYTHONPATH": f"{hook}:{REPO}"}
+    args = ["--mode", "ddp", "cluster.backend=local", "cluster.gpus_per_node=2", *SMALL]
+    where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data", "dist.timeout_s=300"]
+    began = time.monotonic()
+    done = kit("launch", "submit", *args, *where, "--wait", env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert time.monotonic() - began < 150  # not the 300 s of the rendezvous timeout
+    run_dir = run_folder(done.stdout)
+    assert f"failed: rank 1 on {socket.gethostname()} failed first: ended while starting" in (
+        done.stdout
+    ), done.stdout
+    status = kit("launch", "status", str(run_dir)).stdout
+    assert " FAILED " in status and f"{run_dir.name}: rank 1 on " in status, status
+    assert list(runfolder.logs_dir(run_dir).glob("store-*")) == []  # its port is forgotten
+
+
 @pytest.mark.parametrize("backend", ["local", pytest.param("slurm", marks=pytest.mark.slurm)])
 def test_a_stalled_rank_ends_the_job_in_time_and_is_named(tmp_path: Path, backend: str) -> None:
     """A rank stopped dead (SIGSTOP): the others give up after dist.timeout_s, the job ends

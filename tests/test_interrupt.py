@@ -18,7 +18,7 @@ import pytest
 from kit import REPO, alive, kit, run_folder, wait_for
 from paced import LASTING
 
-from core import runfolder
+from core import processes, runfolder
 from core.settings.loading import load_config
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -98,13 +98,17 @@ class Following:
             self.process.wait(10)
 
 
-@pytest.fixture(scope="module", params=["terminal", "launcher"])
+# How the launcher was ended: the line it starts its word with, and its exit status.
+ENDED = {"terminal": ("interrupted", 130), "launcher": ("interrupted", 130), "sigterm": ("terminated", 143)}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=list(ENDED))
 def interrupted(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, Following, int]]:
     """A local DDP run followed with --wait, interrupted after its first epoch: by the terminal's
-    Ctrl-C (SIGINT to the whole process group) or by SIGINT to the launcher alone. Yields (how,
-    the run, the launcher's exit status)."""
+    Ctrl-C (SIGINT to the whole process group), by SIGINT to the launcher alone, or by SIGTERM
+    to it (`kill`, a session's end). Yields (how, the run, the launcher's exit status)."""
     tmp = tmp_path_factory.mktemp(f"interrupt-{request.param}")
     where = [f"output.root={tmp}/runs", f"data.root={tmp}/data"]
     run = Following(tmp, "--mode", "ddp", "cluster.backend=local", "cluster.gpus_per_node=2", *LONG, *where)  # fmt: skip
@@ -118,6 +122,8 @@ def interrupted(
             _edit_meta(run.run_dir, job_process=None)
             assert _status(run.run_dir)[0] == "RUNNING"
             os.kill(run.process.pid, signal.SIGINT)
+        elif request.param == "sigterm":
+            os.kill(run.process.pid, signal.SIGTERM)
         else:
             os.killpg(run.process.pid, signal.SIGINT)
         returncode = run.process.wait(60)
@@ -132,17 +138,19 @@ def test_ctrl_c_at_wait_cancels_the_local_job_in_one_line(
     interrupted: tuple[str, Following, int],
 ) -> None:
     how, run, returncode = interrupted
-    assert returncode == 130, run.output()
+    word, status = ENDED[how]
+    assert returncode == status, run.output()
     assert "Traceback" not in run.output()
     assert run.err.read_text().splitlines() == [
-        f"interrupted: cancelled local job {run.job_id}; continue it from its last checkpoint "
+        f"{word}: cancelled local job {run.job_id}; continue it from its last checkpoint "
         f"with `python -m launch resume {run.run_dir}`"
     ]
-    # Cancelled as `launch cancel` would: no failure named, nothing left running.
+    # Cancelled as `launch cancel` would, and over when the command returns: no process left
+    # (also where the terminal's Ctrl-C and the launcher's cancel both reached the controller).
+    assert [pid for pid in run.pids() if alive(pid)] == [], how
     state, lines = _status(run.run_dir)
     assert state == "CANCELLED", lines
     assert len(lines) == 2, lines  # the table alone: no "rank R failed first: KeyboardInterrupt"
-    assert wait_for(lambda: not any(alive(pid) for pid in run.pids()), 15), how
     assert runfolder.state_path(run.run_dir).is_file()  # what `launch resume` goes on from
 
 
@@ -179,6 +187,89 @@ def test_a_reused_pid_is_not_the_job(
         stranger.wait()
 
 
+def _following_a_local_run(tmp: Path) -> Following:
+    """A local DDP run followed with --wait, once it has finished its first epoch and saved."""
+    where = [f"output.root={tmp}/runs", f"data.root={tmp}/data"]
+    run = Following(tmp, "--mode", "ddp", "cluster.backend=local", "cluster.gpus_per_node=2", *LONG, *where)  # fmt: skip
+    saved = runfolder.state_path(run.run_dir)
+    assert wait_for(lambda: "epoch 1/200" in run.out.read_text() and saved.is_file(), 180)
+    return run
+
+
+def test_a_cancel_from_another_shell_ends_the_wait_at_once_in_one_line(tmp_path: Path) -> None:
+    run = _following_a_local_run(tmp_path)
+    try:
+        done = kit("launch", "cancel", str(run.run_dir))
+        assert done.returncode == 0, done.stderr
+        # At once: not after submitit's wait for a result file the cancelled ranks never write.
+        assert run.process.wait(10) == 130, run.output()
+        assert run.out.read_text().splitlines()[-1] == (
+            f"job {run.job_id} was cancelled; continue it from its last checkpoint with "
+            f"`python -m launch resume {run.run_dir}`"
+        )
+        assert run.err.read_text() == ""  # no failure, no traceback of an interrupted rank
+        assert [pid for pid in run.pids() if alive(pid)] == []
+        assert _status(run.run_dir)[0] == "CANCELLED"
+    finally:
+        run.stop()
+
+
+def test_a_killed_controller_takes_its_ranks_with_it_and_they_save(tmp_path: Path) -> None:
+    """SIGKILL to a local job's controller (a `kill -9`, the OOM killer) leaves it no time to end
+    its ranks: they stop themselves at an agreed step and save, as on a SIGTERM, rather than
+    train on where neither `status` nor `cancel` would see them; `--wait` says so."""
+    run = _following_a_local_run(tmp_path)
+    try:
+        os.kill(int(run.job_id), signal.SIGKILL)
+        assert run.process.wait(60) == 1, run.output()
+        last = run.out.read_text().splitlines()[-1]
+        assert last.startswith(
+            f"job {run.job_id} stopped (SIGTERM (its local controller ended, or a kill)), saved"
+        ), last
+        assert last.endswith(
+            f"continue it from its last checkpoint with `python -m launch resume {run.run_dir}`"
+        )
+        assert [pid for pid in run.pids() if alive(pid)] == []
+        assert _status(run.run_dir)[0] == "STOPPED"
+    finally:
+        run.stop()
+
+
+@pytest.mark.parametrize(
+    ("sent", "said", "status"),
+    [(signal.SIGINT, "interrupted", 130), (signal.SIGTERM, "terminated", 143)],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_signal_while_the_job_is_submitted_is_taken_once_it_is_recorded(
+    tmp_path: Path, sent: int, said: str, status: int
+) -> None:
+    """A signal in the instant after the controller has started and before the run folder
+    records it would leave a job no record knows, which `cancel` could not reach: it is held
+    until the job is named, then the job is cancelled as at any later instant."""
+    where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "launch", "submit", "--mode", "ddp", "cluster.backend=local",
+         "cluster.gpus_per_node=2", *LONG, *where, "--wait"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        preexec_fn=_as_a_terminal_starts_it,
+    )  # fmt: skip
+    started = tmp_path / "runs"
+    assert wait_for(lambda: any(started.glob("*/logs/*_submitted.pkl")), 120, every=0.002)
+    os.kill(process.pid, sent)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == status, out + err
+    run_dir = run_folder(out)
+    job_id = str(_meta(run_dir)["job_id"])
+    assert out.splitlines()[0] == f"submitted job {job_id}"
+    assert err.splitlines() == [
+        f"{said}: cancelled local job {job_id}; it had saved no checkpoint yet: "
+        f"`python -m launch resume {run_dir}` starts it over"
+    ]
+    assert not alive(int(job_id)) and processes.local_tasks(job_id, run_dir.name) == {}
+    assert _status(run_dir)[0] == "CANCELLED"
+
+
 @pytest.mark.slurm
 def test_ctrl_c_at_wait_leaves_a_slurm_job_running(tmp_path: Path) -> None:
     """A Slurm job is not in the terminal's process group: Ctrl-C stops following, and says so."""
@@ -191,7 +282,7 @@ def test_ctrl_c_at_wait_leaves_a_slurm_job_running(tmp_path: Path) -> None:
         assert run.process.wait(60) == 130, run.output()
         assert "Traceback" not in run.output()
         assert run.err.read_text().splitlines() == [
-            f"stopped following; job {run.job_id} goes on: `python -m launch status "
+            f"interrupted: stopped following; job {run.job_id} goes on: `python -m launch status "
             f"{run.run_dir}`, `python -m launch cancel {run.run_dir}`"
         ]
         time.sleep(2)

@@ -105,6 +105,9 @@ def test_local_stop_cancel_and_resumes_end_as_if_never_stopped(
     start = runfolder.of_kind(runfolder.read_rank(run_dir, 0), "start")[0]  # the third attempt's
     said = f"resumed at epoch {start['first_epoch']}, batch {start['resumed_at_batch']}"
     assert said in resumed.stdout.splitlines(), resumed.stdout  # where it went on from, once
+    before = resumed.stdout.splitlines()[: resumed.stdout.splitlines().index(said)]
+    assert not [line for line in before if line.startswith("  batch ")], resumed.stdout  # the
+    # cancelled attempt's last progress record is not said as if it were the new attempt's
     shown = [
         line.split("/")[0] for line in resumed.stdout.splitlines() if line.startswith("epoch ")
     ]

@@ -351,6 +351,22 @@ except checkpoint.runfolder.RunFolderError as err:
     assert [p.name for p in path.parent.iterdir()] == ["state.pt"]  # no partial file left
 
 
+def test_a_save_removes_what_a_save_killed_outright_left_of_that_file(tmp_path: Path) -> None:
+    """SIGKILL in the middle of a save runs no clean-up: the next save of the file removes the
+    partial file (never another file's, which may be written right now)."""
+    import torch
+
+    from train import checkpoint
+
+    path = tmp_path / "checkpoints" / "state.pt"
+    path.parent.mkdir()
+    (path.parent / ".state.pt.b8v51u2q.partial").write_bytes(b"")
+    (path.parent / ".model.pt.x1y2z3.partial").write_bytes(b"being written")
+    checkpoint._write(path, {"epoch": torch.tensor(3)})
+    assert sorted(p.name for p in path.parent.iterdir()) == [".model.pt.x1y2z3.partial", "state.pt"]
+    assert torch.load(path)["epoch"] == 3
+
+
 def test_a_launcher_killed_while_making_a_run_leaves_no_staging_behind(tmp_path: Path) -> None:
     """SIGKILL (or SIGTERM's default) runs no clean-up: the next launcher on the host removes a
     dead launcher's staging folder, and leaves a live one's and another host's alone."""

@@ -108,6 +108,7 @@ def save(
 def _write(path: Path, obj: Any) -> None:
     """torch.save through an atomic file; a full disk or quota is said in words (torch says
     "unexpected pos"), and the file saved before stays whole."""
+    runfolder.drop_partials(path)  # an attempt killed in the middle of its save
     try:
         with runfolder.atomic_file(path) as partial:
             torch.save(obj, partial)

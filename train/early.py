@@ -48,6 +48,24 @@ def hold() -> dict[int, Any]:
     return {signum: h for signum, h in before.items() if h is not _note}
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def end_with_controller() -> None:
+    """A local job's task stops (SIGTERM: an agreed stop that saves) when the controller that
+    started it dies, as a Slurm step's tasks end with their step: killed, the controller could
+    not end its tasks, which would train on where neither `status` nor `cancel` looks."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "local" or not os.path.isdir("/proc"):
+        return
+    import ctypes  # here: only a local task pays for it
+
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if parent == 1 or os.getppid() != parent:  # it died before the request took hold
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _in_forked_child() -> None:
     if os.environ.get(HOLDER) and signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, []):
         threading.Thread(target=_child_watch, daemon=True, name="kit-stop-signals").start()

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from core import runfolder, strategies
+from core import processes, runfolder, strategies
 from core.cli import VERBOSE, setup_logging
 from core.errors import KitError
 from core.settings.rules import check_hardware, cpus_per_task, world_size
@@ -112,8 +112,11 @@ def _run(cfg: Config, env: distenv.DistEnv, run_dir: Path, started: float) -> di
     except Stopped:
         raise
     except BaseException as err:  # named in the run folder, so status can say which rank failed
-        _record_failure(run_dir, env.rank, err, still.longest)
-        if os.environ.get("SUBMITIT_EXECUTOR") == "local" and env.world_size > 1:
+        failed = _record_failure(run_dir, env.rank, err, still.longest)
+        # A Ctrl-C or a cancel reached every task (the controller passes SIGINT to all).
+        peers_told = isinstance(err, KeyboardInterrupt)
+        local = os.environ.get("SUBMITIT_EXECUTOR") == "local"
+        if failed and local and env.world_size > 1 and not peers_told:
             _end_silent_peers(run_dir, env.rank)
         raise
     finally:
@@ -122,13 +125,13 @@ def _run(cfg: Config, env: distenv.DistEnv, run_dir: Path, started: float) -> di
             dist.destroy_process_group()
 
 
-def _record_failure(run_dir: Path, rank: int, err: BaseException, stood_still_s: float) -> None:
+def _record_failure(run_dir: Path, rank: int, err: BaseException, stood_still_s: float) -> bool:
     """An `error` record naming this rank, unless the run is being cancelled: then the signal's
-    exception is no failure, and nothing is written after the cancel."""
+    exception is no failure, and nothing is written after the cancel. True: a failure."""
     lines = traceback.format_exception(type(err), err, err.__traceback__)
     with contextlib.suppress(OSError, KitError):
         if runfolder.read_meta(run_dir).get("cancel_requested"):
-            return
+            return False
     with contextlib.suppress(OSError):
         runfolder.RecordWriter(run_dir, rank).write(
             "error",
@@ -139,6 +142,7 @@ def _record_failure(run_dir: Path, rank: int, err: BaseException, stood_still_s:
             kit_error=isinstance(err, KitError),  # its message names the fix: no trace needed
             stood_still_s=round(stood_still_s, 1),
         )
+    return True
 
 
 SILENT_GRACE_S = 5.0  # time for the other failing ranks to record their own errors
@@ -151,7 +155,8 @@ def _end_silent_peers(run_dir: Path, rank: int) -> None:
     time limit."""
     time.sleep(SILENT_GRACE_S)
     attempt = process_start_time() - 1.0  # the controller starts a local job's tasks together
-    for other, pids in _local_job_processes().items():
+    job = os.environ.get("SUBMITIT_LOCAL_JOB_ID", "")
+    for other, pids in processes.local_tasks(job).items():
         records = runfolder.read_rank(run_dir, other)
         ended = [r for r in records if r.get("kind") in runfolder.ENDS and r["time"] >= attempt]
         if other == rank or ended:
@@ -159,26 +164,6 @@ def _end_silent_peers(run_dir: Path, rank: int) -> None:
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-
-
-def _local_job_processes() -> dict[int, list[int]]:
-    """The processes of this local job but this one, by the rank each belongs to: its tasks (in
-    a container too, with the runtime's process that started them) and what they started, all
-    marked by the environment submitit's controller gave the tasks."""
-    job = os.environ.get("SUBMITIT_LOCAL_JOB_ID", "").encode()
-    found: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc") if job else []:
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        with contextlib.suppress(OSError, ValueError, KeyError):  # gone, or not this user's
-            values = dict(
-                v.split(b"=", 1) for v in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-                if b"=" in v
-            )  # fmt: skip
-            if values.get(b"SUBMITIT_LOCAL_JOB_ID") == job:
-                rank = int(values[b"SUBMITIT_LOCAL_GLOBALID"])
-                found.setdefault(rank, []).append(int(entry))
-    return found
 
 
 def check_launch(cfg: Config, env: distenv.DistEnv, environ: dict[str, str] | None = None) -> None:
@@ -320,15 +305,57 @@ def _meet_at_the_picked_port(
     runfolder.publish_store_port(run_dir, env.job_id, store.port)
     others = {rank: f"kit/joined/{rank}" for rank in range(env.world_size) if rank != env.rank}
     try:
-        store.wait(list(others.values()), timeout)
-    except dist.DistStoreError:
-        missing = [str(rank) for rank, key in others.items() if not store.check([key])]
+        _wait_for_peers(store, others, run_dir, timeout)
+    finally:
+        runfolder.forget_store_port(run_dir, env.job_id)
+
+
+def _wait_for_peers(
+    store: dist.TCPStore, others: dict[int, str], run_dir: Path, timeout: datetime.timedelta
+) -> None:
+    """Wait until every other rank has come. Locally, a rank whose process is gone (killed while
+    it started: it could write nothing) is named at once, in its own record, rather than after
+    `timeout` in the words of the rank that waited (Slurm's srun names such a task itself)."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    local = os.environ.get("SUBMITIT_EXECUTOR") == "local"
+    while True:
+        left = max(deadline - time.monotonic(), 0.001)
+        try:
+            store.wait(list(others.values()), datetime.timedelta(seconds=min(left, 1.0)))
+            return
+        except dist.DistStoreError:
+            missing = [rank for rank, key in others.items() if not store.check([key])]
+        gone = _gone_before_rendezvous(run_dir, missing) if local else []
+        if gone or time.monotonic() >= deadline:
+            break
+    ranks = ", ".join(map(str, gone or missing))
+    if gone:
         raise distenv.DistEnvError(
-            f"rank(s) {', '.join(missing)} did not come to the rendezvous within "
-            f"{timeout.total_seconds():.0f} s: their logs say why (`python -m launch logs "
-            f"{run_dir} --rank {missing[0] if missing else 1}`)"
-        ) from None
-    runfolder.forget_store_port(run_dir, env.job_id)
+            f"rank(s) {ranks} ended while starting, before the rendezvous (killed, or its "
+            f"interpreter failed): `python -m launch logs {run_dir} --rank {gone[0]}`"
+        )
+    raise distenv.DistEnvError(
+        f"rank(s) {ranks} did not come to the rendezvous within {timeout.total_seconds():.0f} s: "
+        f"their logs say why (`python -m launch logs {run_dir} --rank {missing[0] if missing else 1}`)"
+    )
+
+
+def _gone_before_rendezvous(run_dir: Path, missing: list[int]) -> list[int]:
+    """The missing ranks of this local job with no process left; each gets an error record of
+    its own (it wrote none), so that it is the rank named as failed first."""
+    running = processes.local_tasks(os.environ.get("SUBMITIT_LOCAL_JOB_ID", ""))
+    gone = [rank for rank in missing if rank not in running]
+    for rank in gone:
+        with contextlib.suppress(OSError):
+            runfolder.RecordWriter(run_dir, rank).write(
+                "error",
+                host=socket.gethostname(),
+                node=socket.gethostname(),
+                error="ended while starting, before the rendezvous, without a word (killed by a "
+                "signal, or its interpreter failed: its log may say which)",
+                recorded=False,
+            )
+    return gone
 
 
 def _published_port(run_dir: Path, job_id: str, timeout: datetime.timedelta) -> int:

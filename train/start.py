@@ -8,6 +8,7 @@ anything, then submitit's own runner goes on as it would have.
 from train import early
 
 early.hold()
+early.end_with_controller()
 
 import runpy  # noqa: E402  (after the signals are held)
 import sys  # noqa: E402

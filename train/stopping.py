@@ -47,6 +47,14 @@ REASONS = {
 _SIGNALS = {signal.SIGUSR2: TIME_LIMIT, signal.SIGTERM: PREEMPTED}
 
 
+def reason_words(reason: int) -> str:
+    """Why the job stopped, in words; a local job has no Slurm to send SIGTERM: its controller
+    ended (`train.early.end_with_controller`), or someone's `kill`."""
+    if reason == PREEMPTED and os.environ.get("SUBMITIT_EXECUTOR") == "local":
+        return "SIGTERM (its local controller ended, or a kill)"
+    return REASONS[reason]
+
+
 class StopSignals:
     """Reads the stop signals held since the process's start (`train.early`) and turns them into
     one decision that every rank agrees on."""
@@ -266,7 +274,7 @@ def stop(
 ) -> dict[str, Any]:
     """Stopped early by a signal, after the same step on every rank: save (unless the state on
     disk is `progress`'s already), then requeue."""
-    cfg, words = ctx.cfg, REASONS[reason]
+    cfg, words = ctx.cfg, reason_words(reason)
     if runfolder.read_meta(ctx.run_dir).get("cancel_requested"):
         raise Stopped("cancelled by `launch cancel`: stopped without writing")
     if cfg.train.checkpoint and not saved:  # train.checkpoint=false: a new attempt starts over
@@ -325,7 +333,7 @@ def _leave_to_slurm_if_ending(
 def _write_stop(ctx: Context, reason: int, progress: checkpoint.Progress, **more: Any) -> None:
     ctx.metrics.write(
         "stop",
-        reason=REASONS[reason],
+        reason=reason_words(reason),
         epoch=progress.epoch,
         batches=progress.batches,
         **more,
@@ -338,7 +346,7 @@ def _out_of_requeues(
     limit = ctx.cfg.cluster.max_requeues
     _write_stop(ctx, reason, progress, requeue=None, requeues_used=restarts())
     message = (
-        f"stopped by {REASONS[reason]} at {where}, saved; not requeued: the job was "
+        f"stopped by {reason_words(reason)} at {where}, saved; not requeued: the job was "
         f"already requeued {restarts()} time(s), cluster.max_requeues={limit}. Continue "
         f"with `python -m launch resume {ctx.run_dir}`"
     )
