@@ -473,6 +473,7 @@ def _row(
     start = ranks[0]["start"][-1]
     starts = [ranks[rank]["start"][-1] for rank in sorted(ranks)]
     epochs = _epoch_table(ranks)
+    _check_measured(epochs)
     return {
         "run_id": run_id,
         "task": "train",
@@ -509,6 +510,15 @@ def _epoch_table(ranks: dict[int, Rank]) -> Epochs:
     field that is absent or no number is skipped, as pandas skips NaN.
     """
     return _aligned(ranks) or _by_epoch(ranks)
+
+
+def _check_measured(epochs: Epochs) -> None:
+    """A time or a count no run measures (negative or infinite: a hand edit, another tool's line)
+    would make a figure of the table: the run is skipped, saying which (NaN stays: not measured)."""
+    for name in _POOLED:
+        bad = [v for v in epochs.get(name, []) if v == v and not 0 <= v < math.inf]
+        if bad:
+            raise ValueError(f"an epoch's {name} is {bad[0]}, which no run measures")
 
 
 _EPOCH_FIELDS = operator.itemgetter("epoch", *_POOLED)  # KeyError where one is absent

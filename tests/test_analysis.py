@@ -311,6 +311,24 @@ def test_a_run_json_no_kit_writes_is_skipped_and_the_others_summarized(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("value", ["-5", "Infinity"])
+def test_an_epoch_time_no_run_measures_is_skipped_and_named(
+    runs: dict[str, Path], tmp_path: Path, value: str
+) -> None:
+    """A negative or infinite epoch time (a hand edit) would be a figure of the table (-5.00 s
+    per epoch, a negative throughput): the run is left out, saying which value."""
+    root = tmp_path / "runs"
+    good, bad = (_copy(runs[mode], root) for mode in ("dp", "ddp"))
+    for rank in runfolder.rank_files(bad):  # on every rank: the table takes the slowest
+        metrics = runfolder.metrics_path(bad, rank)
+        metrics.write_text(
+            re.sub(r'"seconds": [0-9.]+', f'"seconds": {value}', metrics.read_text())
+        )
+    code, out, err = _summarize(root)
+    assert code == 0 and _tables(out) and good.name in out and bad.name not in out, err
+    assert f"skipped {bad}: " in err and f"an epoch's seconds is {float(value)}" in err, err
+
+
 @pytest.mark.parametrize("unreadable", ["permissions", "a folder"])
 def test_a_file_that_cannot_be_read_is_a_warning_not_a_traceback(
     runs: dict[str, Path], tmp_path: Path, unreadable: str
