@@ -1,7 +1,8 @@
 """What every command line of the kit shares: the parser, the common flags, and the one wrapper.
 
 The wrapper turns a `KitError` into one line that names the fix, with exit code 2; any other
-exception is a bug and keeps its traceback (exit code 1); Ctrl-C is one line and exit code 130.
+exception is a bug and keeps its traceback (exit code 1); Ctrl-C is one line and exit code 130
+(and where `interrupt_on` says so, SIGTERM and SIGHUP: 143, 129).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def run_cli(func: Callable[[argparse.Namespace], int], args: argparse.Namespace)
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as err:  # what was written stays; nothing to report but that
-        print(interrupt_word(err), file=sys.stderr)
+        with contextlib.suppress(OSError):  # a terminal that hung up takes no line
+            print(interrupt_word(err), file=sys.stderr)
         return exit_status(err)
     except BrokenPipeError:  # the reader went away (`| head`): end quietly, as `yes | head` does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # for the final flush

@@ -232,11 +232,21 @@ def _sweep(args: argparse.Namespace) -> int:
                 f"submitted job {job.job_id}  {' '.join(point)}  run folder: {run_dir}", flush=True
             )
     except KeyboardInterrupt as err:  # locally the sweep waits for its runs: ends them cleanly
+        import submitit
+
         from launch.submit import interrupted
 
+        queued = [run_dir for run_dir, job in submitted if isinstance(job, submitit.SlurmJob)]
         for run_dir, job in submitted:
-            if not job.done():
+            if isinstance(job, submitit.LocalJob) and not job.done():
                 print(interrupted(job, run_dir, err), file=sys.stderr, flush=True)
+        if queued:  # one line, not a Slurm query and a line per run
+            root = cfgs[0].output.root
+            print(
+                f"{interrupt_word(err)}: the sweep's {len(queued)} submitted Slurm job(s) go on: "
+                f"`python -m launch status {root}`, `python -m launch cancel {root}`",
+                file=sys.stderr,
+            )
         if len(submitted) < len(cfgs):
             print(
                 f"{interrupt_word(err)}: {len(cfgs) - len(submitted)} of the sweep's "

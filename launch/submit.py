@@ -28,7 +28,7 @@ from typing import Any
 import submitit
 
 from core import container, datafiles, factories, runfolder, slurm, strategies
-from core.cli import ENDING, EXIT_INTERRUPTED, HeldSignals, interrupt_word
+from core.cli import ENDING, EXIT_INTERRUPTED, HeldSignals, Interrupted, interrupt_word
 from core.errors import KitError
 from core.settings.loading import to_dict
 from core.settings.rules import (
@@ -1034,9 +1034,15 @@ def _local_sweep(
         while len(running) >= parallel:
             running = [job for job in running if not job.done()]
             time.sleep(0.5)
-        run_dir, job = submit(cfg, command)
+        held = HeldSignals()  # the caller names each run before a signal is taken
+        try:
+            run_dir, job = submit(cfg, command, held=held)
+        finally:
+            held.release()
         running.append(job)
         yield run_dir, job
+        if held.signum is not None:
+            raise Interrupted(held.signum)
     while not all(job.done() for job in running):
         time.sleep(0.5)
 
@@ -1047,6 +1053,22 @@ def _slurm_sweep(
     """One array per MaxArraySize runs (the cluster's limit on an array's indices), all made
     first; an array Slurm refuses takes its run folders with it, and says how many went in."""
     made = runfolder.folders_to_make(cfgs[0].output.root)
+    held = HeldSignals()  # from the first run folder until every job is recorded
+    held.hold()
+    try:
+        submitted = _submitted_arrays(cfgs, commands, parallel, made)
+        for run_dir, job in submitted:
+            _record_job(run_dir, job)
+    finally:
+        held.release()
+    yield from submitted
+    if held.signum is not None:
+        raise Interrupted(held.signum)
+
+
+def _submitted_arrays(
+    cfgs: list[Config], commands: list[list[str]], parallel: int | None, made: list[Path]
+) -> list[tuple[Path, submitit.Job[Any]]]:
     run_dirs = [
         runfolder.create(cfg, launcher="launch sweep", backend="slurm", command=command)
         for cfg, command in zip(cfgs, commands, strict=True)
@@ -1062,9 +1084,7 @@ def _slurm_sweep(
             runfolder.discard([*run_dirs[start:], logs], [logs.parent, *made])  # `sweeps/` too
             went = f"; the first {start} runs were submitted (`launch status`)" if start else ""
             raise SubmitError(f"{err}{went}") from None
-    for run_dir, job in submitted:
-        _record_job(run_dir, job)
-        yield run_dir, job
+    return submitted
 
 
 def _array(

@@ -270,6 +270,34 @@ def test_a_signal_while_the_job_is_submitted_is_taken_once_it_is_recorded(
     assert _status(run_dir)[0] == "CANCELLED"
 
 
+def test_ctrl_c_in_a_local_sweep_cancels_its_running_run_and_submits_no_more(
+    tmp_path: Path,
+) -> None:
+    where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "launch", "sweep", "--modes", "ddp", "--grid", "train.seed=1,2",
+             "cluster.backend=local", "cluster.gpus_per_node=2", *LONG, *where],
+            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=stdout, stderr=stderr,
+            start_new_session=True, preexec_fn=_as_a_terminal_starts_it,
+        )  # fmt: skip
+    assert wait_for(lambda: "run folder: " in out.read_text(), 120), err.read_text()
+    run_dir = Path(out.read_text().split("run folder: ")[1].split()[0])
+    job_id = str(_meta(run_dir)["job_id"])
+    assert wait_for(runfolder.state_path(run_dir).is_file, 180)  # its first epoch saved
+    os.killpg(process.pid, signal.SIGINT)  # the terminal's Ctrl-C
+    assert process.wait(60) == 130, out.read_text() + err.read_text()
+    assert err.read_text().splitlines() == [
+        f"interrupted: cancelled local job {job_id}; continue it from its last checkpoint with "
+        f"`python -m launch resume {run_dir}`",
+        "interrupted: 1 of the sweep's 2 runs were not submitted",
+    ]
+    assert not alive(int(job_id)) and processes.local_tasks(job_id, run_dir.name) == {}
+    assert len(runfolder.find_runs(tmp_path / "runs")) == 1
+    assert _status(run_dir)[0] == "CANCELLED"
+
+
 @pytest.mark.slurm
 def test_ctrl_c_at_wait_leaves_a_slurm_job_running(tmp_path: Path) -> None:
     """A Slurm job is not in the terminal's process group: Ctrl-C stops following, and says so."""
