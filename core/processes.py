@@ -1,4 +1,4 @@
-"""The processes of a local job: its tasks are found by the environment submitit's controller
+"""The processes of local jobs: their tasks are found by the environment submitit's controller
 gives them, so they can be seen, waited for and ended even after the controller is gone."""
 
 from __future__ import annotations
@@ -11,23 +11,41 @@ JOB_ID = b"SUBMITIT_LOCAL_JOB_ID"
 RANK = b"SUBMITIT_LOCAL_GLOBALID"
 COMMAND = b"SUBMITIT_LOCAL_COMMAND"  # names the job's log folder, which is in its run folder
 
+# Per local job id: (rank, pid, command) of each of its processes on this machine.
+Table = dict[str, list[tuple[int, int, str]]]
 
-def local_tasks(job_id: str, run_name: str | None = None) -> dict[int, list[int]]:
-    """The live processes of local job `job_id` but this one, by rank: its tasks (in a container
-    too, with the runtime's process that started them) and what they started. `run_name`: only a
-    job whose command names that run folder, since a later job may be given the same id."""
-    wanted = job_id.encode()
-    found: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc") if wanted and os.path.isdir("/proc") else []:
+
+def task_table() -> Table:
+    """Every local job's task processes but this one, read from /proc at once: a command that
+    looks at many runs (`status` of a sweep) reads it once, not once per run."""
+    table: Table = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         values = _environ(int(entry))
-        if values.get(JOB_ID) != wanted or RANK not in values:
-            continue
-        if run_name is not None and run_name.encode() not in values.get(COMMAND, b""):
+        if JOB_ID not in values or RANK not in values:
             continue
         with contextlib.suppress(ValueError):
-            found.setdefault(int(values[RANK]), []).append(int(entry))
+            task = (
+                int(values[RANK]),
+                int(entry),
+                values.get(COMMAND, b"").decode(errors="replace"),
+            )
+            table.setdefault(values[JOB_ID].decode(errors="replace"), []).append(task)
+    return table
+
+
+def local_tasks(
+    job_id: str, run_name: str | None = None, table: Table | None = None
+) -> dict[int, list[int]]:
+    """The live processes of local job `job_id` but this one, by rank: its tasks (in a container
+    too, with the runtime's process that started them) and what they started. `run_name`: only a
+    job whose command names that run folder, since a later job may be given the same id.
+    `table`: a `task_table()` read before, else /proc is read now."""
+    found: dict[int, list[int]] = {}
+    for rank, pid, command in (task_table() if table is None else table).get(job_id, []):
+        if run_name is None or run_name in command:
+            found.setdefault(rank, []).append(pid)
     return found
 
 

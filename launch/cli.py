@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from core import container, runfolder, strategies
+from core import container, processes, runfolder, strategies
 from core.cli import (
     ENDING,
     ArgumentParser,
@@ -432,9 +432,10 @@ def _status(args: argparse.Namespace) -> int:
         )
     rows, failures = [HEADER], []
     known = slurm_states(folders)  # every Slurm job at once: seconds for thousands of runs
+    tasks = processes.task_table()  # and every local job's processes, read once
     for folder in folders:
         try:
-            row = status(folder, known).row()
+            row = status(folder, known, tasks).row()
         except runfolder.RunFolderError as err:  # one bad folder does not hide the others
             if len(folders) == 1:
                 raise  # nothing else to show: an error, not a table of one unreadable row

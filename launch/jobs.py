@@ -55,8 +55,13 @@ def slurm_states(run_dirs: list[Path]) -> dict[str, slurm.JobState]:
     return slurm.states(ids) if ids else {}
 
 
-def status(run_dir: Path, known: dict[str, slurm.JobState] | None = None) -> RunStatus:
-    """A run's row; `known`: its Slurm job's state if asked already (`slurm_states`)."""
+def status(
+    run_dir: Path,
+    known: dict[str, slurm.JobState] | None = None,
+    tasks: processes.Table | None = None,
+) -> RunStatus:
+    """A run's row; `known`: its Slurm job's state if asked already (`slurm_states`); `tasks`:
+    the local jobs' processes, if read already (`processes.task_table`)."""
     meta = runfolder.read_meta(run_dir)
     job_id = str(meta.get("job_id") or "-")
     mode, backend = str(meta.get("mode")), str(meta.get("backend"))
@@ -68,7 +73,7 @@ def status(run_dir: Path, known: dict[str, slurm.JobState] | None = None) -> Run
     state, elapsed, nodes = (
         (found.state, found.elapsed, found.nodes)
         if found
-        else _folder_state(run_dir, records, meta)
+        else _folder_state(run_dir, records, meta, tasks)
     )
     if state == "COMPLETED" and diverged_epoch(records) is not None:
         state = "DIVERGED"  # it ended as planned, but its loss became NaN or infinite
@@ -208,7 +213,10 @@ def log_files(run_dir: Path, rank: int | None) -> list[Path]:
 
 
 def _folder_state(
-    run_dir: Path, records: list[dict[str, Any]], meta: dict[str, Any]
+    run_dir: Path,
+    records: list[dict[str, Any]],
+    meta: dict[str, Any],
+    tasks: processes.Table | None = None,
 ) -> tuple[str, str, str]:
     """What the run folder says: the summary means done; a live local controller means running."""
     summary = next(iter(runfolder.of_kind(records, "summary")), None)
@@ -216,7 +224,7 @@ def _folder_state(
     elapsed = _clock(summary["total_seconds"]) if summary else "-"
     host = str(start["host"]) if start else "-"
     stop = next(reversed(runfolder.of_kind(records, "stop")), None)  # the last attempt's
-    alive = meta.get("backend") == "local" and _local_job_alive(run_dir, meta)
+    alive = meta.get("backend") == "local" and _local_job_alive(run_dir, meta, tasks)
     if summary:
         state = "COMPLETED"
     elif meta.get("cancel_requested") and not alive:
@@ -253,9 +261,11 @@ def process_identity(pid: int) -> str | None:
     return f"{boot}:{stat[19]}" if stat else None
 
 
-def _local_job_alive(run_dir: Path, meta: dict[str, Any]) -> bool:
+def _local_job_alive(
+    run_dir: Path, meta: dict[str, Any], table: processes.Table | None = None
+) -> bool:
     """The local job runs: its controller, or a task of it (one whose controller was killed)."""
-    return _controller_alive(meta, run_dir) or bool(_tasks(run_dir, meta))
+    return _controller_alive(meta, run_dir) or bool(_tasks(run_dir, meta, table))
 
 
 def local_job_alive(run_dir: Path) -> bool:
@@ -263,10 +273,14 @@ def local_job_alive(run_dir: Path) -> bool:
     return _local_job_alive(run_dir, runfolder.read_meta(run_dir))
 
 
-def _tasks(run_dir: Path, meta: dict[str, Any]) -> dict[int, list[int]]:
+def _tasks(
+    run_dir: Path, meta: dict[str, Any], table: processes.Table | None = None
+) -> dict[int, list[int]]:
     """The job's live task processes, by rank (named by the job id and the run folder)."""
     job_id = str(meta.get("job_id") or "")
-    return processes.local_tasks(job_id, run_dir.resolve().name) if job_id.isdigit() else {}
+    if not job_id.isdigit():
+        return {}
+    return processes.local_tasks(job_id, run_dir.resolve().name, table)
 
 
 def _controller_alive(meta: dict[str, Any], run_dir: Path) -> bool:

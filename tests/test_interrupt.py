@@ -187,6 +187,27 @@ def test_a_reused_pid_is_not_the_job(
         stranger.wait()
 
 
+def test_a_local_jobs_tasks_are_known_by_their_job_id_and_run_folder() -> None:
+    """What `status`, `cancel` and `resume` look for once a local job's controller is gone: the
+    processes its controller started, named by their environment; a later job given the same
+    id (the controller's PID, reused) runs in another run folder."""
+    logs = "/x/runs/20261206-000000-ddp-1n2g-abcd/logs"
+    env = {"SUBMITIT_LOCAL_JOB_ID": "424242", "SUBMITIT_LOCAL_GLOBALID": "1"}
+    env["SUBMITIT_LOCAL_COMMAND"] = f"python -u -m submitit.core._submit {logs}"
+    task = subprocess.Popen(["sleep", "30"], env={**os.environ, **env})
+    try:
+        assert wait_for(lambda: processes.local_tasks("424242") != {}, 10)
+        assert processes.local_tasks("424242", "20261206-000000-ddp-1n2g-abcd") == {1: [task.pid]}
+        assert processes.local_tasks("424242", "20261206-000001-ddp-1n2g-efgh") == {}
+        assert processes.local_tasks("42424") == {}
+        table = processes.task_table()  # read once for many runs
+        assert processes.local_tasks("424242", None, table) == {1: [task.pid]}
+    finally:
+        task.kill()
+        task.wait()
+    assert processes.local_tasks("424242") == {}
+
+
 def _following_a_local_run(tmp: Path) -> Following:
     """A local DDP run followed with --wait, once it has finished its first epoch and saved."""
     where = [f"output.root={tmp}/runs", f"data.root={tmp}/data"]
