@@ -103,8 +103,8 @@ def interrupt_on(*signums: int) -> None:
 class HeldSignals:
     """Ctrl-C, SIGTERM and SIGHUP held back from `hold()` to `release()`: while a job is being
     started and recorded, so that one that comes then is taken once the job can be named,
-    cancelled or said to go on, never leaving a job no record knows. `signum`: the first that
-    came. A signal ignored before (a shell's background job ignores Ctrl-C) stays without effect;
+    cancelled or said to go on, never leaving a job no record knows; a second one is not held.
+    `signum`: the first that came. A signal ignored before (a shell's background job ignores Ctrl-C) stays without effect;
     the job started meanwhile still hears it (a handled signal is reset at exec)."""
 
     def __init__(self) -> None:
@@ -117,8 +117,11 @@ class HeldSignals:
                 self._before[signum] = signal.signal(signum, self._note)
 
     def _note(self, signum: int, frame: object) -> None:
-        if self.signum is None and self._before.get(signum) != signal.SIG_IGN:
-            self.signum = signum
+        if self._before.get(signum) == signal.SIG_IGN:
+            return
+        if self.signum is not None:  # asked twice (a submission that hangs): not held again
+            raise Interrupted(self.signum)
+        self.signum = signum
 
     def release(self) -> None:
         for signum, before in self._before.items():

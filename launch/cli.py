@@ -179,9 +179,19 @@ def _submit(args: argparse.Namespace) -> int:
     try:
         run_dir, job = submit(cfg, command=_command(), held=held)
         _say_submitted(job, run_dir)
+    except KitError:
+        _unless_interrupted(held)
+        raise
     finally:
         held.release()
     return _follow(job, run_dir, args.wait, args.quiet, held=held.signum)
+
+
+def _unless_interrupted(held: HeldSignals) -> None:
+    """A submission that failed after a Ctrl-C (sbatch, in the terminal's process group, got
+    it too) was interrupted, not refused."""
+    if held.signum is not None:
+        raise Interrupted(held.signum) from None
 
 
 def _say_submitted(job: Any, run_dir: Path) -> None:
@@ -407,6 +417,9 @@ def _resume(args: argparse.Namespace) -> int:
     try:
         job = resume(args.run, held=held)
         _say_submitted(job, args.run)
+    except KitError:
+        _unless_interrupted(held)
+        raise
     finally:
         held.release()
     return _follow(job, args.run, args.wait, args.quiet, resumed=True, held=held.signum)

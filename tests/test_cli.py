@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from kit import REPO, SMALL, kit, kit_here
 
 from core import runfolder
+from core.cli import HeldSignals, Interrupted
 from core.settings.loading import load_config
 
 
@@ -180,3 +183,29 @@ def test_a_machine_without_slurm_is_named_and_no_folder_is_left(
     assert done.returncode == 2 and done.stderr.startswith("error: sbatch could not reach Slurm")
     assert "or use cluster.backend=local" in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def _signalled(signum: int) -> None:
+    os.kill(os.getpid(), signum)
+    time.sleep(0.05)  # Python runs the handler between two instructions of this thread
+
+
+def test_held_signals_wait_for_release_and_a_second_one_is_not_held() -> None:
+    """While a job is submitted and recorded, Ctrl-C, SIGTERM and SIGHUP are held and taken
+    afterwards; asked twice (a submission that hangs), the command ends at once."""
+    before = signal.getsignal(signal.SIGHUP)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as `nohup` starts a command
+    held = HeldSignals()
+    held.hold()
+    try:
+        _signalled(signal.SIGHUP)  # ignored before: still without effect
+        assert held.signum is None
+        _signalled(signal.SIGTERM)
+        assert held.signum == signal.SIGTERM
+        with pytest.raises(Interrupted) as second:
+            _signalled(signal.SIGINT)
+        assert second.value.signum == signal.SIGTERM
+    finally:
+        held.release()
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN  # as it was
+        signal.signal(signal.SIGHUP, before)
