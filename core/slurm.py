@@ -70,6 +70,13 @@ def available() -> bool:
     return bool(shutil.which("sbatch")) and configured
 
 
+def named_conf_missing() -> str | None:
+    """SLURM_CONF where it names no file (Slurm's commands would retry reading it for a minute,
+    then fail); None where it is unset (configless Slurm finds its controller by DNS) or a file."""
+    conf = os.environ.get("SLURM_CONF")
+    return conf if conf and not Path(conf).is_file() else None
+
+
 def state(job_id: str) -> JobState | None:
     """The job's state as the queue has it, else as accounting does; None if neither answers.
 
@@ -361,8 +368,12 @@ def parse_sacct(text: str) -> dict[str, dict[str, str]]:
 
 
 def _run(*args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str] | None:
-    """The command's result; None where it could not run or outlasted its timeout."""
+    """The command's result; None where it could not run or outlasted its timeout, or could
+    only have retried reading a SLURM_CONF that names no file until its timeout."""
     log.debug("slurm: %s", shlex.join(args))  # `-v` shows every Slurm command the kit runs
+    if named_conf_missing():
+        log.debug("slurm: SLURM_CONF=%s names no file: %s not run", named_conf_missing(), args[0])
+        return None
     try:
         done = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as err:

@@ -103,6 +103,13 @@ def check_submission(cfg: Config, dry_run: bool = False) -> Backend:
         raise ConfigError(
             "cluster.backend=slurm but `sbatch` is not on PATH: use cluster.backend=local"
         )
+    missing = slurm.named_conf_missing() if backend == Backend.slurm and not dry_run else None
+    if missing:
+        raise ConfigError(
+            f"SLURM_CONF={missing} names no file, so sbatch cannot reach Slurm (it would retry "
+            "for a minute): point SLURM_CONF at the cluster's slurm.conf or unset it, or use "
+            "cluster.backend=local"
+        )
     if backend == Backend.local and cfg.cluster.nodes > 1:
         raise ConfigError(
             f"the local backend runs on one machine; cluster.nodes={cfg.cluster.nodes} needs Slurm"

@@ -209,3 +209,21 @@ def test_held_signals_wait_for_release_and_a_second_one_is_not_held() -> None:
         held.release()
         assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN  # as it was
         signal.signal(signal.SIGHUP, before)
+
+
+def test_a_slurm_conf_that_names_no_file_is_refused_at_once(tmp_path: Path) -> None:
+    """sbatch would retry reading it for a minute, then fail in words about the file."""
+    if not shutil.which("sbatch"):
+        pytest.skip("needs Slurm's client commands")
+    conf = tmp_path / "slurm.conf"
+    done = kit(
+        "launch", "submit", "--mode", "ddp", "cluster.backend=slurm", f"output.root={tmp_path}/runs",
+        env={"SLURM_CONF": str(conf)}, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"error: SLURM_CONF={conf} names no file, so sbatch cannot reach Slurm (it would retry "
+        "for a minute): point SLURM_CONF at the cluster's slurm.conf or unset it, or use "
+        "cluster.backend=local\n"
+    )
+    assert not (tmp_path / "runs").exists()
