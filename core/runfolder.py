@@ -425,7 +425,7 @@ def srun_output(run_dir: Path) -> str:
     """srun's own messages for the run's job: the sbatch scripts copy them into the run folder;
     under submitit they are in the job's first stderr log (the batch step's is task 0's). The
     stdout logs, which hold the whole training's output, are not read."""
-    errs = [path for path in log_files(run_dir, 0) if path.suffix == ".err"]
+    errs = [path for path in log_files(run_dir, 0, earlier_jobs=False) if path.suffix == ".err"]
     paths = [logs_dir(run_dir) / SRUN_LOG, *errs]
     texts = []
     for path in paths:
@@ -851,17 +851,26 @@ def sbatch_log_pattern(run_dir: Path) -> str:
     return str(logs_dir(run_dir) / "rank-%t.out")
 
 
-def log_files(run_dir: Path, rank: int) -> list[Path]:
+def log_files(run_dir: Path, rank: int, earlier_jobs: bool = True) -> list[Path]:
     """The files holding one rank's stdout and stderr, oldest first: an sbatch script's, then
-    those `launch submit` or `launch resume` recorded (a run made by sbatch may be resumed so)."""
+    those `launch submit` or `launch resume` recorded (a run made by sbatch may be resumed so);
+    without `earlier_jobs`, not those of the jobs before the last one."""
     meta = read_meta(run_dir)
     recorded = meta.get("logs") or []
     paths = []
     if meta.get("launcher") == "sbatch":
         paths.append(Path(sbatch_log_pattern(run_dir).replace("%t", str(rank))))
+    # The jobs before the last one (a failed attempt, then `launch resume`), named as submitit
+    # names a job's files; run.json records the last job's alone.
+    jobs = (meta.get("jobs") or []) if earlier_jobs else []
+    earlier = [str(job) for job in jobs if str(job) != str(meta.get("job_id"))]
+    paths += [logs_dir(run_dir) / f"{job}_{rank}_log.{end}" for job in earlier for end in _ENDS]
     if 0 <= rank < len(recorded) and isinstance(recorded[rank], list):
         paths += [_here(run_dir, Path(p)) for p in recorded[rank] if isinstance(p, str)]
-    return [p for p in paths if p.is_file()]
+    return [p for p in dict.fromkeys(paths) if p.is_file()]
+
+
+_ENDS = ("out", "err")
 
 
 def _here(run_dir: Path, recorded: Path) -> Path:

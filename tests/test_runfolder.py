@@ -325,6 +325,18 @@ def test_a_run_made_by_sbatch_then_resumed_shows_both_jobs_logs(tmp_path: Path) 
     assert runfolder.log_files(run_dir, 1) == []
 
 
+def test_a_run_that_failed_then_was_resumed_shows_both_attempts_logs(tmp_path: Path) -> None:
+    """`launch logs` after a resume still shows why the attempt before it failed."""
+    cfg = load_config(overrides=[f"output.root={tmp_path}"])
+    run_dir = runfolder.create(cfg, launcher="launch", backend="local", command=[])
+    files = {job: [runfolder.logs_dir(run_dir) / f"{job}_0_log.{end}" for end in ("out", "err")]
+             for job in ("5", "7")}  # fmt: skip
+    for path in [*files["5"], *files["7"]]:
+        path.write_text("a line\n")
+    runfolder.update_meta(run_dir, job_id="7", jobs=["5", "7"], logs=[[str(p) for p in files["7"]]])
+    assert runfolder.log_files(run_dir, 0) == [*files["5"], *files["7"]]
+
+
 def test_a_save_on_a_full_disk_says_so_and_keeps_the_state_saved_before(tmp_path: Path) -> None:
     """Files past 64 kB fail to write (EFBIG, as ENOSPC would) while a job saves its state."""
     path = tmp_path / "checkpoints" / "state.pt"
