@@ -65,15 +65,17 @@ def test_the_rank_that_raised_is_named_and_the_run_resumes(tmp_path: Path) -> No
     assert " COMPLETED " in kit("launch", "status", str(run_dir)).stdout
 
 
-def test_a_rank_killed_while_it_starts_is_named_at_once(tmp_path: Path) -> None:
-    """Rank 1 dies by SIGKILL in its interpreter's start, before it could write a word: rank 0
-    names it as soon as it waits for it (locally; under Slurm, srun names such a task), not
-    after dist.timeout_s (300 s here, the default) in words that blame rank 0."""
+@pytest.mark.parametrize("killed", [1, 0])
+def test_a_rank_killed_while_it_starts_is_named_at_once(tmp_path: Path, killed: int) -> None:
+    """A rank dies by SIGKILL in its interpreter's start, before it could write a word: the rank
+    that waits for it (rank 0 for its peers, the others for rank 0's store) names it at once
+    (locally; under Slurm, srun names such a task), not after dist.timeout_s (300 s here, the
+    default) in words that blame the rank that waited."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
         "import os, signal\n"
-        "if os.environ.get('SUBMITIT_LOCAL_GLOBALID') == '1':\n"
+        f"if os.environ.get('SUBMITIT_LOCAL_GLOBALID') == '{killed}':\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     env = {"PYTHONPATH": f"{hook}:{REPO}"}
@@ -84,11 +86,10 @@ def test_a_rank_killed_while_it_starts_is_named_at_once(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     assert time.monotonic() - began < 150  # not the 300 s of the rendezvous timeout
     run_dir = run_folder(done.stdout)
-    assert f"failed: rank 1 on {socket.gethostname()} failed first: ended while starting" in (
-        done.stdout
-    ), done.stdout
+    said = f"failed: rank {killed} on {socket.gethostname()} failed first: ended while starting"
+    assert said in done.stdout, done.stdout
     status = kit("launch", "status", str(run_dir)).stdout
-    assert " FAILED " in status and f"{run_dir.name}: rank 1 on " in status, status
+    assert " FAILED " in status and f"{run_dir.name}: rank {killed} on " in status, status
     assert list(runfolder.logs_dir(run_dir).glob("store-*")) == []  # its port is forgotten
 
 

@@ -317,7 +317,6 @@ def _wait_for_peers(
     it started: it could write nothing) is named at once, in its own record, rather than after
     `timeout` in the words of the rank that waited (Slurm's srun names such a task itself)."""
     deadline = time.monotonic() + timeout.total_seconds()
-    local = os.environ.get("SUBMITIT_EXECUTOR") == "local"
     while True:
         left = max(deadline - time.monotonic(), 0.001)
         try:
@@ -325,24 +324,33 @@ def _wait_for_peers(
             return
         except dist.DistStoreError:
             missing = [rank for rank, key in others.items() if not store.check([key])]
-        gone = _gone_before_rendezvous(run_dir, missing) if local else []
-        if gone or time.monotonic() >= deadline:
+        _check_not_gone(run_dir, missing)
+        if time.monotonic() >= deadline:
             break
-    ranks = ", ".join(map(str, gone or missing))
-    if gone:
-        raise distenv.DistEnvError(
-            f"rank(s) {ranks} ended while starting, before the rendezvous (killed, or its "
-            f"interpreter failed): `python -m launch logs {run_dir} --rank {gone[0]}`"
-        )
     raise distenv.DistEnvError(
-        f"rank(s) {ranks} did not come to the rendezvous within {timeout.total_seconds():.0f} s: "
-        f"their logs say why (`python -m launch logs {run_dir} --rank {missing[0] if missing else 1}`)"
+        f"rank(s) {', '.join(map(str, missing))} did not come to the rendezvous within "
+        f"{timeout.total_seconds():.0f} s: their logs say why (`python -m launch logs {run_dir} "
+        f"--rank {missing[0] if missing else 1}`)"
     )
 
 
+def _check_not_gone(run_dir: Path, waited_for: list[int]) -> None:
+    """Raise, naming them, where ranks this one waits for are gone (locally)."""
+    gone = _gone_before_rendezvous(run_dir, waited_for)
+    if gone:
+        raise distenv.DistEnvError(
+            f"rank(s) {', '.join(map(str, gone))} ended while starting, before the rendezvous "
+            f"(killed, or its interpreter failed): `python -m launch logs {run_dir} --rank "
+            f"{gone[0]}`"
+        )
+
+
 def _gone_before_rendezvous(run_dir: Path, missing: list[int]) -> list[int]:
-    """The missing ranks of this local job with no process left; each gets an error record of
-    its own (it wrote none), so that it is the rank named as failed first."""
+    """The missing ranks of this local job with no process left (none under Slurm, whose srun
+    names such a task itself); each gets an error record of its own (it wrote none), so that it
+    is the rank named as failed first."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "local" or not missing:
+        return []
     running = processes.local_tasks(os.environ.get("SUBMITIT_LOCAL_JOB_ID", ""))
     gone = [rank for rank in missing if rank not in running]
     for rank in gone:
@@ -359,9 +367,14 @@ def _gone_before_rendezvous(run_dir: Path, missing: list[int]) -> list[int]:
 
 
 def _published_port(run_dir: Path, job_id: str, timeout: datetime.timedelta) -> int:
-    """The port a local job's store published, waited for as long as a rendezvous may take."""
+    """The port a local job's store published, waited for as long as a rendezvous may take, or
+    until the process that serves it (rank 0) is seen to be gone."""
     deadline = time.monotonic() + timeout.total_seconds()
+    look = time.monotonic() + 1.0
     while (port := runfolder.published_store_port(run_dir, job_id)) is None:
+        if time.monotonic() > look:
+            _check_not_gone(run_dir, [0])
+            look += 1.0
         if time.monotonic() > deadline:
             raise distenv.DistEnvError(
                 f"the job's first process published no rendezvous port within "
