@@ -248,7 +248,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
         queued = [run_dir for run_dir, job in submitted if isinstance(job, submitit.SlurmJob)]
         for run_dir, job in submitted:
-            if isinstance(job, submitit.LocalJob) and not job.done():
+            if isinstance(job, submitit.LocalJob) and _in_flight(run_dir, job):
                 print(interrupted(job, run_dir, err), file=sys.stderr, flush=True)
         if queued:  # one line, not a Slurm query and a line per run
             root = cfgs[0].output.root
@@ -265,6 +265,18 @@ def _sweep(args: argparse.Namespace) -> int:
             )
         return exit_status(err)
     return _local_sweep_result(submitted)
+
+
+def _in_flight(run_dir: Path, job: Any) -> bool:
+    """A local run that an interrupt may have ended: still running, or ended with neither a
+    summary nor a failure of its own (the terminal's Ctrl-C reached its controller and ranks
+    before this process could cancel it)."""
+    if not job.done():
+        return True
+    if runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):
+        return False
+    first = runfolder.first_failure(run_dir)
+    return first is None or str(first.get("error", "")).startswith("KeyboardInterrupt")
 
 
 def _local_sweep_result(submitted: list[tuple[Path, Any]]) -> int:

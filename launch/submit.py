@@ -619,6 +619,14 @@ def follow(
     if _cancelled(job, run_dir):  # by `launch cancel` (or scancel) from elsewhere
         say(f"job {job.job_id} was cancelled; {continue_words(run_dir)}")
         return EXIT_INTERRUPTED
+    if isinstance(job, submitit.LocalJob) and not runfolder.log_files(run_dir, 0, False):
+        # No task ever started (no task log): submitit would wait for a result, then name a
+        # log file that does not exist.
+        say(
+            f"job {job.job_id} ended before it started its tasks (its controller was killed, "
+            f"or a cluster.setup line ended it); {continue_words(run_dir)}"
+        )
+        return EXIT_FAILED
     try:
         result = job.results()[0]  # every task must succeed; rank 0 holds the summary
     except Exception as err:  # submitit re-raises the task's error with its traceback

@@ -20,6 +20,7 @@ from paced import LASTING
 
 from core import processes, runfolder
 from core.settings.loading import load_config
+from launch.submit import continue_words
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -208,6 +209,25 @@ def test_a_local_jobs_tasks_are_known_by_their_job_id_and_run_folder() -> None:
     assert processes.local_tasks("424242") == {}
 
 
+def test_a_local_job_that_ends_before_its_tasks_start_is_said_at_once(tmp_path: Path) -> None:
+    """Its controller killed before it started a task (here by its own setup line): no wait for
+    a result, no word of a log file that was never made."""
+    where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
+    done = kit(
+        "launch", "submit", "--mode", "ddp", "cluster.backend=local", "cluster.gpus_per_node=2",
+        *LASTING, *where, 'cluster.setup=["kill -KILL $$"]', "--wait", timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    run_dir = run_folder(done.stdout)
+    job_id = _meta(run_dir)["job_id"]
+    assert done.stdout.splitlines()[-1] == (
+        f"job {job_id} ended before it started its tasks (its controller was killed, or a "
+        f"cluster.setup line ended it); it had saved no checkpoint yet: `python -m launch resume "
+        f"{run_dir}` starts it over"
+    )
+    assert done.stderr == ""
+
+
 def _following_a_local_run(tmp: Path) -> Following:
     """A local DDP run followed with --wait, once it has finished its first epoch and saved."""
     where = [f"output.root={tmp}/runs", f"data.root={tmp}/data"]
@@ -291,9 +311,13 @@ def test_a_signal_while_the_job_is_submitted_is_taken_once_it_is_recorded(
     assert _status(run_dir)[0] == "CANCELLED"
 
 
+@pytest.mark.parametrize("instant", ["training", "submitting"])
 def test_ctrl_c_in_a_local_sweep_cancels_its_running_run_and_submits_no_more(
-    tmp_path: Path,
+    tmp_path: Path, instant: str
 ) -> None:
+    """The terminal's Ctrl-C while a run of the sweep trains, or at the instant its job is
+    submitted (its controller, in the terminal's process group, ends before the launcher can
+    cancel it): the run is named and CANCELLED either way, and the next is not submitted."""
     where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
     out, err = tmp_path / "stdout", tmp_path / "stderr"
     with out.open("w") as stdout, err.open("w") as stderr:
@@ -303,15 +327,19 @@ def test_ctrl_c_in_a_local_sweep_cancels_its_running_run_and_submits_no_more(
             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=stdout, stderr=stderr,
             start_new_session=True, preexec_fn=_as_a_terminal_starts_it,
         )  # fmt: skip
+    if instant == "submitting":
+        started = tmp_path / "runs"
+        assert wait_for(lambda: any(started.glob("*/logs/*_submitted.pkl")), 120, every=0.002)
+        os.killpg(process.pid, signal.SIGINT)  # the terminal's Ctrl-C
     assert wait_for(lambda: "run folder: " in out.read_text(), 120), err.read_text()
     run_dir = Path(out.read_text().split("run folder: ")[1].split()[0])
     job_id = str(_meta(run_dir)["job_id"])
-    assert wait_for(runfolder.state_path(run_dir).is_file, 180)  # its first epoch saved
-    os.killpg(process.pid, signal.SIGINT)  # the terminal's Ctrl-C
+    if instant == "training":
+        assert wait_for(runfolder.state_path(run_dir).is_file, 180)  # its first epoch saved
+        os.killpg(process.pid, signal.SIGINT)
     assert process.wait(60) == 130, out.read_text() + err.read_text()
     assert err.read_text().splitlines() == [
-        f"interrupted: cancelled local job {job_id}; continue it from its last checkpoint with "
-        f"`python -m launch resume {run_dir}`",
+        f"interrupted: cancelled local job {job_id}; {continue_words(run_dir)}",
         "interrupted: 1 of the sweep's 2 runs were not submitted",
     ]
     assert not alive(int(job_id)) and processes.local_tasks(job_id, run_dir.name) == {}
@@ -348,8 +376,6 @@ def test_a_run_stopped_before_its_first_save_is_not_said_to_have_a_checkpoint(
 ) -> None:
     """Ctrl-C in the middle of the first save (in os.fsync, say) leaves no checkpoint: the line
     must not send the user to one."""
-    from launch.submit import continue_words
-
     cfg = load_config(overrides=[f"output.root={tmp_path}", "cluster.backend=local"])
     run_dir = runfolder.create(cfg, launcher="launch", backend="local", command=[])
     words = continue_words(run_dir)

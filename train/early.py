@@ -59,11 +59,26 @@ def end_with_controller() -> None:
         return
     import ctypes  # here: only a local task pays for it
 
-    parent = os.getppid()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if parent == 1 or os.getppid() != parent:  # it died before the request took hold
+    if not _under_controller():  # it died before the request took hold: this was reparented
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _under_controller() -> bool:
+    """Whether the job's controller is still among this process's nearest ancestors: its parent,
+    or above it (a shell that runs the job's setup lines, a container's runtime). A task whose
+    controller died was given to PID 1 or to a subreaper (`systemd --user`)."""
+    job = int(os.environ.get("SUBMITIT_LOCAL_JOB_ID") or 0)
+    pid = os.getpid()
+    for _ in range(4):
+        fields = _stat(pid)
+        if fields is None:
+            return True  # /proc cannot tell: leave the task alone
+        pid = int(fields[1])
+        if pid == job:
+            return True
+    return False
 
 
 def _in_forked_child() -> None:
