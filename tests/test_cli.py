@@ -193,8 +193,10 @@ def _signalled(signum: int) -> None:
 def test_held_signals_wait_for_release_and_a_second_one_is_not_held() -> None:
     """While a job is submitted and recorded, Ctrl-C, SIGTERM and SIGHUP are held and taken
     afterwards; asked twice (a submission that hangs), the command ends at once."""
-    before = signal.getsignal(signal.SIGHUP)
+    before = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)}
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as `nohup` starts a command
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal starts one (a test
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # worker may have been left ignoring them)
     held = HeldSignals()
     held.hold()
     try:
@@ -208,7 +210,8 @@ def test_held_signals_wait_for_release_and_a_second_one_is_not_held() -> None:
     finally:
         held.release()
         assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN  # as it was
-        signal.signal(signal.SIGHUP, before)
+        for signum, handler in before.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
 def test_a_slurm_conf_that_names_no_file_is_refused_at_once(tmp_path: Path) -> None:
