@@ -143,7 +143,8 @@ def test_array_elements_and_the_jobs_around_them_never_share_a_port(
     step = f"srun bash -c 'env -0 > \"{tasks}/$SLURM_JOB_ID.env\"'"
     ids = []
     for array in ([], ["--array=0-29"], ["--array=0-29"], []):
-        done = many.run("sbatch", "--parsable", "-n1", *array, "--wrap", step)
+        # From tmp_path: sbatch writes each job's slurm-J.out where it was run, not the repo.
+        done = many.run("sbatch", "--parsable", "-n1", *array, "--wrap", step, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
         ids.append(done.stdout.strip())
     for job_id in ids:
