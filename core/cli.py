@@ -104,8 +104,9 @@ class HeldSignals:
     """Ctrl-C, SIGTERM and SIGHUP held back from `hold()` to `release()`: while a job is being
     started and recorded, so that one that comes then is taken once the job can be named,
     cancelled or said to go on, never leaving a job no record knows; a second one is not held.
-    `signum`: the first that came. A signal ignored before (a shell's background job ignores Ctrl-C) stays without effect;
-    the job started meanwhile still hears it (a handled signal is reset at exec)."""
+    `signum`: the first that came. A signal ignored before (a shell's background job ignores
+    Ctrl-C) stays without effect; the job started meanwhile still hears it (a handled signal is
+    reset at exec)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None

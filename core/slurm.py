@@ -371,8 +371,9 @@ def _run(*args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[
     """The command's result; None where it could not run or outlasted its timeout, or could
     only have retried reading a SLURM_CONF that names no file until its timeout."""
     log.debug("slurm: %s", shlex.join(args))  # `-v` shows every Slurm command the kit runs
-    if named_conf_missing():
-        log.debug("slurm: SLURM_CONF=%s names no file: %s not run", named_conf_missing(), args[0])
+    missing = named_conf_missing()
+    if missing:
+        log.debug("slurm: SLURM_CONF=%s names no file: %s not run", missing, args[0])
         return None
     try:
         done = subprocess.run(args, capture_output=True, text=True, timeout=timeout)

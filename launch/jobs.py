@@ -127,11 +127,8 @@ def cancel(run_dir: Path) -> str:
     # SIGINT, as submitit's own cancel: the controller stops every task (its tasks ignore a
     # forwarded SIGTERM, which submitit reserves for preemption); tasks whose controller is
     # gone are told themselves.
-    targets = [int(job_id)] if _controller_alive(meta, run_dir) else []
-    targets += [pid for pids in _tasks(run_dir, meta).values() for pid in pids]
-    for pid in targets:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGINT)
+    controller = [int(job_id)] if _controller_alive(meta, run_dir) else []
+    _signal([*controller, *_task_pids(run_dir, meta)], signal.SIGINT)
     return f"{run_dir.name}: cancelled local job {job_id}"
 
 
@@ -145,10 +142,13 @@ def wait_local_end(run_dir: Path, timeout_s: float = END_WAIT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while _local_job_alive(run_dir, meta) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for pids in _tasks(run_dir, meta).values():
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    _signal(_task_pids(run_dir, meta), signal.SIGKILL)
+
+
+def _signal(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+            os.kill(pid, signum)
 
 
 def _cancel_slurm(run_dir: Path, job_id: str) -> str:
@@ -281,6 +281,10 @@ def _tasks(
     if not job_id.isdigit():
         return {}
     return processes.local_tasks(job_id, run_dir.resolve().name, table)
+
+
+def _task_pids(run_dir: Path, meta: dict[str, Any]) -> list[int]:
+    return [pid for pids in _tasks(run_dir, meta).values() for pid in pids]
 
 
 def _controller_alive(meta: dict[str, Any], run_dir: Path) -> bool:

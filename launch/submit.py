@@ -1049,13 +1049,13 @@ def _local_sweep(
         while len(running) >= parallel:
             running = [job for job in running if not job.done()]
             time.sleep(0.5)
-        held = HeldSignals()  # the caller names each run before a signal is taken
+        held = HeldSignals()  # until the caller has the run: it names the run on a signal
         try:
             run_dir, job = submit(cfg, command, held=held)
+            running.append(job)
+            yield run_dir, job
         finally:
             held.release()
-        running.append(job)
-        yield run_dir, job
         if held.signum is not None:
             raise Interrupted(held.signum)
     while not all(job.done() for job in running):
@@ -1068,15 +1068,15 @@ def _slurm_sweep(
     """One array per MaxArraySize runs (the cluster's limit on an array's indices), all made
     first; an array Slurm refuses takes its run folders with it, and says how many went in."""
     made = runfolder.folders_to_make(cfgs[0].output.root)
-    held = HeldSignals()  # from the first run folder until every job is recorded
+    held = HeldSignals()  # from the first run folder until the caller has every run
     held.hold()
     try:
         submitted = _submitted_arrays(cfgs, commands, parallel, made)
         for run_dir, job in submitted:
             _record_job(run_dir, job)
+        yield from submitted
     finally:
         held.release()
-    yield from submitted
     if held.signum is not None:
         raise Interrupted(held.signum)
 
