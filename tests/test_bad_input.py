@@ -444,7 +444,13 @@ CASES = [
         ("train.epoch=3",),
         ("unknown setting 'train.epoch'", "Did you mean 'epochs'?"),
     ),
-    Case("wrong type", ("train.epochs=abc",), ("'train.epochs' has the wrong type", "'abc'")),
+    Case("wrong type", ("train.epochs=abc",), ("train.epochs='abc' must be a whole number",)),
+    Case("a number's wrong type", ("train.lr=fast",), ("train.lr='fast' must be a number",)),
+    Case(
+        "a boolean's wrong type",
+        ("train.checkpoint=maybe",),
+        ("train.checkpoint='maybe' must be true or false (yes/no, on/off",),
+    ),
     Case(
         "root is a file",
         ("output.root={tmp}/file",),

@@ -80,7 +80,7 @@ def test_text_settings_keep_what_was_written(tmp_path: Path) -> None:
             "unknown setting 'train.epoch'. Did you mean 'epochs'? Valid keys here: channels_last, checkpoint, compile, compile_mode, cuda_graph, cudnn_benchmark, epochs,",
         ),
         (["trian.epochs=3"], "Did you mean 'train'?"),
-        (["train.epochs=three"], "'train.epochs' has the wrong type"),
+        (["train.epochs=three"], "train.epochs='three' must be a whole number"),
         (
             ["cluster.backend=slrum"],
             "cluster.backend='slrum' is not valid; choose one of: auto, slurm, local",
@@ -162,3 +162,12 @@ def test_example_configs_survive_the_run_folder(example: Path, tmp_path: Path) -
     written = tmp_path / "config.yaml"
     written.write_text(to_yaml(cfg))
     assert load_config(written) == cfg
+
+
+@pytest.mark.parametrize(
+    ("written", "read"),
+    [("true", True), ("yes", True), ("on", True), ("1", True), ("False", False), ("no", False),
+     ("off", False), ("n", False), ("0", False)],
+)  # fmt: skip
+def test_a_boolean_reads_the_words_the_readme_lists(written: str, read: bool) -> None:
+    assert load_config(overrides=[f"cluster.exclusive={written}"]).cluster.exclusive is read

@@ -338,6 +338,17 @@ def _unknown_key_message(full_key: str, key: str, valid: list[str]) -> str:
     return f"unknown setting {full_key!r}.{hint} Valid keys here: {', '.join(valid)}"
 
 
+_KINDS = {  # a scalar setting's type: what its value must be, in words
+    bool: "true or false (yes/no, on/off, y/n and 1/0 read the same)",
+    int: "a whole number",
+    float: "a number",
+}
+
+
 def _type_error_message(err: OmegaConfBaseException) -> str:
     key = getattr(err, "full_key", None) or "?"
-    return f"setting {key!r} has the wrong type: {_first_line(err)}"
+    kind = _KINDS.get(_hint_at(key.split(".")))
+    value = getattr(err, "value", None)
+    if kind is None or value is None:
+        return f"setting {key!r} has the wrong type: {_first_line(err)}"
+    return f"{key}={value!r} must be {kind}"
