@@ -186,6 +186,29 @@ ENDED = frozenset(
 )
 
 
+# The states of a job that still holds, or waits for, its allocation: every other state of
+# squeue's list is one of ENDED. STOPPED is Slurm's word for a job SIGSTOPped in place
+# (`scancel --signal=STOP`), its nodes kept; SPECIAL_EXIT and REQUEUE_HOLD are requeued, held.
+LIVE = frozenset(
+    [
+        "COMPLETING",
+        "CONFIGURING",
+        "PENDING",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESIZING",
+        "RESV_DEL_HOLD",
+        "RUNNING",
+        "SIGNALING",
+        "SPECIAL_EXIT",
+        "STAGE_OUT",
+        "STOPPED",
+        "SUSPENDED",
+    ]
+)
+
+
 def _from_queue(job_id: str) -> JobState | None:
     return _queue_states([job_id]).get(job_id)
 

@@ -71,7 +71,7 @@ def status(
     slurm_job = backend == "slurm" and job_id != "-"
     found = (known.get(job_id) if known is not None else slurm.state(job_id)) if slurm_job else None
     state, elapsed, nodes = (
-        (found.state, found.elapsed, found.nodes)
+        (_slurm_word(found.state), found.elapsed, found.nodes)
         if found
         else _folder_state(run_dir, records, meta, tasks)
     )
@@ -80,6 +80,20 @@ def status(
     return RunStatus(
         run_dir.name, mode, backend, job_id, state, nodes, elapsed, _last_epoch(records)
     )
+
+
+SIGSTOPPED = "SIGSTOPPED"
+
+
+def _slurm_word(state: str) -> str:
+    """Slurm's state as `status` shows it: Slurm's STOPPED (SIGSTOPped in place, its nodes held,
+    nothing saved) is not the kit's STOPPED (saved, ended, waiting for `launch resume`)."""
+    return SIGSTOPPED if state == "STOPPED" else state
+
+
+def still_held(state: str) -> bool:
+    """Whether a run's job, in `status`'s word, still holds or waits for its allocation."""
+    return state in slurm.LIVE - {"STOPPED"} or state == SIGSTOPPED
 
 
 def diverged_epoch(records: list[dict[str, Any]]) -> int | None:

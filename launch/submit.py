@@ -521,10 +521,10 @@ def resume(run_dir: Path, held: HeldSignals | None = None) -> submitit.Job[Any]:
 
 
 def _resume_claimed(run_dir: Path, held: HeldSignals | None) -> submitit.Job[Any]:
-    from launch.jobs import status
+    from launch.jobs import status, still_held
 
     now = status(run_dir)
-    if now.state in ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING"):
+    if still_held(now.state):  # suspended or SIGSTOPped too: it goes on when Slurm resumes it
         raise SubmitError(
             f"{run_dir.name} is {now.state} as job {now.job_id}: one job at a time writes a run "
             "folder; wait for it, or cancel it first (`python -m launch cancel`)"

@@ -21,6 +21,7 @@ from paced import LASTING
 from slurm_cluster import SlurmCluster, wait_job
 from test_distenv import random_hostlists
 
+from core import runfolder
 from train.distenv import port_for_job
 
 pytestmark = pytest.mark.slurm
@@ -285,9 +286,10 @@ def test_status_cancel_and_logs(slurm_cluster: SlurmCluster, tmp_path: Path) -> 
     assert (
         logs.returncode == 0 and "_1_log.out <==" in logs.stdout and "global_rank=1" in logs.stdout
     )
+    job_id = json.loads((run_dir / "run.json").read_text())["job_id"]
+    _held_jobs_are_not_resumed(slurm_cluster, run_dir, job_id)
     cancelled = kit("launch", "cancel", str(run_dir))
     assert cancelled.returncode == 0 and "cancelled Slurm job" in cancelled.stdout
-    job_id = json.loads((run_dir / "run.json").read_text())["job_id"]
     assert wait_job(job_id, env=slurm_cluster.env) == "CANCELLED"
     written = _kit_files(run_dir)
     status = kit("launch", "status", str(run_dir)).stdout
@@ -298,6 +300,26 @@ def test_status_cancel_and_logs(slurm_cluster: SlurmCluster, tmp_path: Path) -> 
         time.sleep(0.2)
     assert not _tasks_of(run_dir), "ranks still running after the cancel"
     assert _kit_files(run_dir) == written  # nothing written after CANCELLED
+
+
+def _held_jobs_are_not_resumed(cluster: SlurmCluster, run_dir: Path, job_id: str) -> None:
+    """A job suspended (gang scheduling, an admin) or SIGSTOPped in place still holds its nodes
+    and goes on when Slurm resumes it: `resume` must not start a second job into its folder.
+    Slurm's own STOPPED reads SIGSTOPPED, not the kit's STOPPED (saved, for `launch resume`)."""
+    for hold, word, release in (
+        (["scontrol", "suspend", job_id], "SUSPENDED", ["scontrol", "resume", job_id]),
+        (["scancel", "--signal=STOP", job_id], "SIGSTOPPED", ["scancel", "--signal=CONT", job_id]),
+    ):
+        assert cluster.run(*hold).returncode == 0
+        deadline = time.monotonic() + 30
+        while f" {word} " not in (status := kit("launch", "status", str(run_dir)).stdout):
+            assert time.monotonic() < deadline, status
+            time.sleep(0.5)
+        resumed = kit("launch", "resume", str(run_dir))
+        assert resumed.returncode == 2, resumed.stdout + resumed.stderr
+        assert f"is {word} as job {job_id}: one job at a time writes a run folder" in resumed.stderr
+        assert runfolder.read_meta(run_dir)["jobs"] == [job_id]
+        assert cluster.run(*release).returncode == 0
 
 
 def _epochs_done(run_dir: Path) -> bool:
