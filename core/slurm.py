@@ -90,6 +90,20 @@ def state(job_id: str) -> JobState | None:
     return _either(queued, _from_accounting(job_id))
 
 
+def end_of(job_id: str) -> str | None:
+    """How the job ended, where Slurm says it has: its state in the queue or in accounting, or
+    "ENDED" where the controller no longer knows it (it left the queue MinJobAge after it ended)
+    and accounting cannot tell; None while it lives, or where Slurm does not answer."""
+    found = state(job_id)
+    if found:
+        return found.state if found.state in ENDED else None
+    squeue = _run("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T")
+    if squeue is None:
+        return None
+    unknown = "Invalid job id" in squeue.stderr or (squeue.returncode == 0 and not squeue.stdout)
+    return "ENDED" if unknown else None
+
+
 def _either(queued: JobState | None, accounted: JobState | None) -> JobState | None:
     if queued and queued.state != "COMPLETING":
         return queued

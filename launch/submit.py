@@ -609,8 +609,10 @@ def follow(
             f"{warm_up}, the data (the first epoch follows)"
         )
     pending, look = "", time.monotonic() + PENDING_LOOK_S
-    slurm_says = _SlurmWord(job, run_dir, say)
+    slurm_says, slurm_end = _SlurmWord(job, run_dir, say), _SlurmEnd(job)
     while not job.done() or slurm_says.still_running() or _tasks_left(job, run_dir):
+        if slurm_end.seen():
+            break
         _show_epochs(run_dir, shown, progress)
         if isinstance(job, submitit.SlurmJob) and time.monotonic() > look:
             pending, look = _say_pending(job, run_dir, pending, progress), look + PENDING_LOOK_S
@@ -627,31 +629,72 @@ def follow(
             f"or a cluster.setup line ended it); {continue_words(run_dir)}"
         )
         return EXIT_FAILED
-    try:
-        result = job.results()[0]  # every task must succeed; rank 0 holds the summary
-    except Exception as err:  # submitit re-raises the task's error with its traceback
-        stop = _planned_stop(run_dir)
-        if stop:  # stopped on purpose and saved: no failure, and no traceback
-            say(
-                f"job {job.job_id} stopped ({stop['reason']}), saved in epoch {stop['epoch']} "
-                f"after batch {stop['batches']}; {continue_words(run_dir)}"
-            )
-            return EXIT_FAILED
-        first = runfolder.first_failure(run_dir)
-        if first:  # the rank that failed first, not a peer that lost its connection to it
-            say(f"job {job.job_id} failed: {runfolder.failure_words(first)}")
-            # A bug's traceback helps; a setting's message, or a lost peer's, says it all.
-            if not first.get("kit_error") and not runfolder.lost_peer(first):
-                say(first.get("traceback_tail", "").rstrip())
-        else:
-            say(f"job {job.job_id} failed: {err}")
-        say(f"logs: python -m launch logs {run_dir}")
-        return EXIT_FAILED
+    if slurm_end.state and not job.done():  # no result from every task; submitit cannot see
+        # the end without accounting, and would wait for the results for ever
+        summary = runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary")
+        if not summary:
+            return _failed(job, run_dir, f"it ended ({slurm_end.state}) without results", say)
+        result = summary[-1]
+    else:
+        try:
+            result = job.results()[0]  # every task must succeed; rank 0 holds the summary
+        except Exception as err:  # submitit re-raises the task's error with its traceback
+            return _failed(job, run_dir, str(err), say)
     if result.get("diverged_epoch") is not None:
         say(f"job {job.job_id} diverged: {diverged_words(result)}")
         return EXIT_FAILED
     say(f"job {job.job_id} done: {result_words(result)}")
     return 0
+
+
+def _failed(job: submitit.Job[Any], run_dir: Path, error: str, say: Callable[[str], None]) -> int:
+    """Say how a job that did not finish ended: stopped and saved, or its first failure (else
+    `error`, what submitit or Slurm said)."""
+    stop = _planned_stop(run_dir)
+    if stop:  # stopped on purpose and saved: no failure, and no traceback
+        say(
+            f"job {job.job_id} stopped ({stop['reason']}), saved in epoch {stop['epoch']} "
+            f"after batch {stop['batches']}; {continue_words(run_dir)}"
+        )
+        return EXIT_FAILED
+    first = runfolder.first_failure(run_dir)
+    if first:  # the rank that failed first, not a peer that lost its connection to it
+        say(f"job {job.job_id} failed: {runfolder.failure_words(first)}")
+        # A bug's traceback helps; a setting's message, or a lost peer's, says it all.
+        if not first.get("kit_error") and not runfolder.lost_peer(first):
+            say(first.get("traceback_tail", "").rstrip())
+    else:
+        say(f"job {job.job_id} failed: {error}")
+    say(f"logs: python -m launch logs {run_dir}")
+    return EXIT_FAILED
+
+
+END_LOOK_S = 10  # how often --wait asks Slurm whether a job whose results are missing has ended
+END_GRACE_S = 10  # and how long after Slurm's word it waits for the results' files
+
+
+class _SlurmEnd:
+    """Slurm's word that a job has ended. submitit reads a job's end from accounting (sacct)
+    alone: where that does not answer, a job that ended without every task's result file
+    (cancelled, stopped, its node lost) would be followed for ever."""
+
+    def __init__(self, job: submitit.Job[Any]) -> None:
+        self.job, self.state = job, ""
+        self.look = self.since = time.monotonic()
+
+    def seen(self) -> bool:
+        """Whether Slurm ended the job END_GRACE_S ago or more (time for the tasks' result
+        files to appear on a shared file system; for a lost node or a preemption, time for
+        Slurm to requeue the job)."""
+        now = time.monotonic()
+        if isinstance(self.job, submitit.SlurmJob) and now >= self.look:
+            self.look = now + END_LOOK_S
+            state = slurm.end_of(str(self.job.job_id)) or ""
+            if state != self.state:
+                self.since = now
+            self.state = state
+        grace = MAYBE_BACK_S if self.state in _MAYBE_BACK else END_GRACE_S
+        return bool(self.state) and now - self.since >= grace
 
 
 def _tasks_left(job: submitit.Job[Any], run_dir: Path) -> bool:

@@ -15,7 +15,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from kit import REPO, SMALL, kit, run_folder, wait_for
+from kit import REPO, SMALL, kit, kit_started, run_folder, wait_for
 from paced import LASTING
 from slurm_cluster import SlurmCluster
 
@@ -195,6 +195,47 @@ def test_a_rank_of_the_second_node_ended_by_a_signal_is_the_one_named(
         for run_dir in runs.values():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(runfolder.of_kind(runfolder.read_rank(run_dir, 1), "start")[-1]["pid"], 9)
+
+
+@pytest.mark.slurm
+def test_wait_without_accounting_ends_with_a_job_that_leaves_no_results(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """Where sacct cannot answer (no accounting, slurmdbd down), submitit never sees the end of a
+    job whose tasks wrote no result: `--wait` reads it from the queue and the run folder. One job
+    ended by `launch cancel` (130, cancelled), one by scancel (its ranks saved: stopped)."""
+    no_sacct = {"PATH": _accounting_down(tmp_path / "bin")}  # the job's own processes too
+    followers, runs = {}, {}
+    for how in ("cancel", "scancel"):
+        followers[how] = kit_started(
+            "launch", "submit", "--mode", "ddp", "cluster.backend=slurm", "cluster.gpus_per_node=2",
+            "cluster.cpus_per_task=1", *PACED_WORK, f"output.root={tmp_path}/{how}",
+            f"data.root={tmp_path}/data", "--wait", env=no_sacct,
+        )  # fmt: skip
+        assert wait_for(lambda how=how: bool(runfolder.find_runs(tmp_path / how)), 60), how
+        runs[how] = runfolder.find_runs(tmp_path / how)[0]
+    for how, run_dir in runs.items():
+        assert wait_for(partial(_trained, run_dir), 300), f"{how}: no first epoch"
+    assert kit("launch", "cancel", str(runs["cancel"])).returncode == 0
+    job = runfolder.read_meta(runs["scancel"])["job_id"]
+    assert slurm_cluster.run("scancel", job).returncode == 0
+    said = {how: follower.communicate(timeout=90) for how, follower in followers.items()}
+    assert followers["cancel"].returncode == 130, said["cancel"]
+    assert "was cancelled; continue it" in said["cancel"][0], said["cancel"]
+    assert followers["scancel"].returncode == 1, said["scancel"]
+    assert f"job {job} stopped (SIGTERM (preemption, scancel" in said["scancel"][0], said
+
+
+def _accounting_down(folder: Path) -> str:
+    """A PATH whose `sacct` fails as it does while slurmdbd is down; the rest of PATH as is."""
+    folder.mkdir()
+    sacct = folder / "sacct"
+    sacct.write_text(
+        "#!/bin/sh\necho 'sacct: error: Problem talking to the database: Connection refused' >&2\n"
+        "exit 1\n"
+    )
+    sacct.chmod(0o755)
+    return f"{folder}{os.pathsep}{os.environ['PATH']}"
 
 
 def _without_accounting(folder: Path) -> str:
