@@ -34,6 +34,12 @@ _SACCT_FIELDS = ("JobID", "State", "Elapsed", "NodeList")
 # before its trap, is the only window left: well under a millisecond.
 TASK_START = ("/bin/sh", "-c", 'trap "" USR2 TERM; exec "$@"', "kit-task")
 
+# The batch script's first line: its own shell ignores the warning. One sent to the whole job
+# (`scancel --full --signal=USR2`, `--signal=B:USR2@…`) would end that shell, and the job with it
+# (FAILED, not requeued) while its tasks save. The tasks are srun's, started by Slurm's step
+# daemons: they inherit nothing from this shell.
+BATCH_START = "trap '' USR2  # the time-limit warning is for the tasks: they save and requeue"
+
 # Reasons a job waits that time will not cure: it asks for more than the partition, account or
 # QOS allows one job (not a group limit, which frees as other jobs end), or what no node has.
 _NEVER = ("PartitionNodeLimit", "PartitionTimeLimit", "PerJob", "BadConstraints", "Invalid")

@@ -349,7 +349,7 @@ def slurm_parameters(cfg: Config, run_name: str) -> dict[str, Any]:
         "cpus_per_task": cpus_per_task(cfg),
         "time": c.timeout_min,
         "signal_delay_s": signal_delay_s(cfg),
-        "setup": [*container.setup_lines(cfg), *c.setup],
+        "setup": [slurm.BATCH_START, *container.setup_lines(cfg), *c.setup],
         # One rank failing ends the job, not a hang. A typed --gpus-per-task reaches the step
         # untyped: under Slurm 22.05 a step that inherits `a100:1` is bound to no GPU at all
         # (measured on the test cluster); the allocation already holds the type.

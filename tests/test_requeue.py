@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import typing
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -57,32 +58,42 @@ def test_submit_path_requeues_at_the_time_limit_and_resumes(
 
 
 @pytest.mark.slurm
-def test_sbatch_path_saves_and_requeues_on_the_warning_signal(
+def test_both_paths_save_and_requeue_on_the_warning_sent_to_the_whole_job(
     slurm_cluster: SlurmCluster, tmp_path: Path, uninterrupted: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The batch script's job, sent the warning signal by Slurm mid-run (as `--signal` does before
-    the limit, or a preemption would), requeues, finds its run folder and finishes it."""
+    """The batch script's job and `launch submit`'s, sent the warning mid-run as the whole job
+    (`scancel --full`: the batch shell too, as `--signal=B:USR2` or a site's preemption warning
+    would): the batch shell lives on, the ranks save, the job requeues, finds its run folder and
+    finishes it."""
     monkeypatch.setenv("KIT_PYTHON", sys.executable)  # sbatch passes the environment on
     monkeypatch.setenv("PYTHONPATH", str(REPO))
+    where = {path: [f"output.root={tmp_path}/{path}", f"data.root={tmp_path}/data"] for path in
+             ("sbatch", "submit")}  # fmt: skip
     done = slurm_cluster.run(
         "sbatch", "--parsable", "--cpus-per-task=1", "--gpus-per-node=2", "--ntasks-per-node=2",
         f"--output={tmp_path}/slurm-%j.out", str(REPO / "slurm/ddp.sbatch"), *WORK, PACED,
-        f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data",
+        *where["sbatch"],
     )  # fmt: skip
-    job_id = done.stdout.strip().split(";")[0]
-    assert job_id, done.stderr
-    runs = tmp_path / "runs"
-    first_epoch = lambda: any(  # noqa: E731
+    submitted = kit("launch", "submit", *DDP, PACED, "cluster.backend=slurm", *where["submit"])
+    assert submitted.returncode == 0, submitted.stderr
+    jobs = {"sbatch": done.stdout.strip().split(";")[0], "submit": submitted.stdout.split()[2]}
+    assert jobs["sbatch"], done.stderr
+    for path, job_id in jobs.items():
+        _wait_for(partial(_trained, tmp_path / path), 300, f"{path}: an epoch")
+        slurm_cluster.run("scancel", "--full", "--signal=USR2", job_id)
+    for path, job_id in jobs.items():
+        state, released = wait_job_releasing_holds(job_id, 600, slurm_cluster.env)
+        out = (tmp_path / f"slurm-{job_id}.out").read_text() if path == "sbatch" else path
+        assert state == "COMPLETED" and released >= 1, (state, released, out)
+        (run_dir,) = runfolder.find_runs(tmp_path / path)  # the requeued job found its folder
+        _requeued_run_checks(run_dir, uninterrupted)
+        assert json.loads((run_dir / "run.json").read_text())["job_id"] == job_id
+
+
+def _trained(runs: Path) -> bool:
+    return runs.is_dir() and any(
         runfolder.of_kind(runfolder.read_rank(r, 0), "epoch") for r in runfolder.find_runs(runs)
     )
-    _wait_for(lambda: runs.is_dir() and first_epoch(), 300, "the first epoch")
-    slurm_cluster.run("scancel", "--signal=USR2", job_id)  # to the job's steps: every rank
-    state, released = wait_job_releasing_holds(job_id, 600, slurm_cluster.env)
-    out = (tmp_path / f"slurm-{job_id}.out").read_text()
-    assert state == "COMPLETED" and released >= 1, out
-    (run_dir,) = runfolder.find_runs(runs)  # the requeued script found its folder
-    _requeued_run_checks(run_dir, uninterrupted)
-    assert json.loads((run_dir / "run.json").read_text())["job_id"] == job_id
 
 
 SHORT = ["data.train_size=1024", "data.test_size=256", "train.epochs=3", "cluster.cpus_per_task=1"]
