@@ -75,6 +75,9 @@ def status(
         if found
         else _folder_state(run_dir, records, meta, tasks)
     )
+    if found and found.state in slurm.ENDED and runfolder.of_kind(records, "summary"):
+        state = "COMPLETED"  # cancelled or failed after every rank had finished: its results
+        # are whole (`resume` says it has finished, `summarize` counts it)
     if state == "COMPLETED" and diverged_epoch(records) is not None:
         state = "DIVERGED"  # it ended as planned, but its loss became NaN or infinite
     return RunStatus(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -113,6 +114,37 @@ def test_ddp_sbatch_script_writes_a_run_folder(slurm_cluster: SlurmCluster, tmp_
     assert (run_dir / "logs" / "rank-1.out").is_file()
     table = kit("analysis", "summarize", str(run_dir))
     assert table.returncode == 0 and "| runs | 0 | 1 |" in table.stdout
+
+
+def test_a_job_cancelled_after_its_run_finished_reads_completed(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """A batch script that goes on after the kit's run (a user's own post-processing) and is
+    cancelled then: Slurm says CANCELLED, but every rank finished, so `status` says COMPLETED, as
+    `resume` (nothing to resume) and `summarize` (it counts the run) do."""
+    script = shlex.join(
+        ["bash", str(REPO / "slurm/ddp.sbatch"), *SBATCH_SMALL, *_kit_env(tmp_path)]
+    )
+    done = slurm_cluster.run(
+        "sbatch", "--parsable", "--cpus-per-task=1", "--ntasks-per-node=2", "--gpus-per-node=2",
+        f"--output={tmp_path}/slurm-%j.out", "--wrap", f"{script}; sleep 600",
+    )  # fmt: skip
+    job_id = done.stdout.strip().split(";")[0]
+    assert job_id, done.stderr
+    finished = lambda: [  # noqa: E731
+        r for r in runfolder.find_runs(tmp_path / "runs")
+        if runfolder.of_kind(runfolder.read_rank(r, 0), "summary")
+    ]  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not finished():
+        assert time.monotonic() < deadline, (tmp_path / f"slurm-{job_id}.out").read_text()
+        time.sleep(0.5)
+    assert slurm_cluster.run("scancel", job_id).returncode == 0
+    assert slurm_cluster.wait_job(job_id) == "CANCELLED"
+    (run_dir,) = finished()
+    assert f" {job_id}  COMPLETED " in kit("launch", "status", str(run_dir)).stdout
+    resumed = kit("launch", "resume", str(run_dir))
+    assert resumed.returncode == 2 and "has finished: there is nothing to resume" in resumed.stderr
 
 
 @pytest.mark.parametrize(
