@@ -307,9 +307,17 @@ def srun_takes(option: str) -> bool:
     return done is None or done.returncode != 0 or option in done.stdout
 
 
+ALREADY_ENDED = "already ended"
+
+
 def cancel(job_id: str) -> str:
-    """`scancel` the job; '' on success, else what went wrong."""
-    return _problem(_run("scancel", job_id, timeout=ACTION_TIMEOUT_S), "scancel")
+    """`scancel` the job; '' on success, ALREADY_ENDED where Slurm had ended it or forgotten it
+    (scancel exits 0 then, and says so only with -v), else what went wrong."""
+    done = _run("scancel", "-v", job_id, timeout=ACTION_TIMEOUT_S)
+    gone = ("already completing or completed", "Invalid job id specified")
+    if done and done.returncode == 0 and any(word in done.stderr for word in gone):
+        return ALREADY_ENDED
+    return _problem(done, "scancel")
 
 
 def requeue(job_id: str) -> str:

@@ -140,7 +140,7 @@ def cancel(run_dir: Path) -> str:
     # Marked first: ranks that catch the cancel's SIGTERM stop without writing anything.
     runfolder.update_meta(run_dir, cancel_requested=True)
     if not local:
-        return _cancel_slurm(run_dir, str(job_id))
+        return _cancel_slurm(run_dir, str(job_id), bool(meta.get("cancel_requested")))
     # SIGINT, as submitit's own cancel: the controller stops every task (its tasks ignore a
     # forwarded SIGTERM, which submitit reserves for preemption); tasks whose controller is
     # gone are told themselves.
@@ -168,8 +168,11 @@ def _signal(pids: list[int], signum: int) -> None:
             os.kill(pid, signum)
 
 
-def _cancel_slurm(run_dir: Path, job_id: str) -> str:
+def _cancel_slurm(run_dir: Path, job_id: str, marked_before: bool) -> str:
     problem = slurm.cancel(job_id)
+    if problem == slurm.ALREADY_ENDED:  # a failed run stays FAILED; a cancelled one, CANCELLED
+        runfolder.update_meta(run_dir, cancel_requested=marked_before or None)
+        return f"{run_dir.name}: Slurm job {job_id} had already ended"
     if problem:
         # Unmarked: the job runs on, and must still save at its time limit and requeue.
         runfolder.update_meta(run_dir, cancel_requested=None)

@@ -332,6 +332,9 @@ def test_status_cancel_and_logs(slurm_cluster: SlurmCluster, tmp_path: Path) -> 
         time.sleep(0.2)
     assert not _tasks_of(run_dir), "ranks still running after the cancel"
     assert _kit_files(run_dir) == written  # nothing written after CANCELLED
+    again = kit("launch", "cancel", str(run_dir))
+    assert f"Slurm job {job_id} had already ended" in again.stdout, again.stdout + again.stderr
+    assert " CANCELLED " in kit("launch", "status", str(run_dir)).stdout
 
 
 def _held_jobs_are_not_resumed(cluster: SlurmCluster, run_dir: Path, job_id: str) -> None:
