@@ -240,9 +240,8 @@ def _folder_state(
 ) -> tuple[str, str, str]:
     """What the run folder says: the summary means done; a live local controller means running."""
     summary = next(iter(runfolder.of_kind(records, "summary")), None)
-    start = next(iter(runfolder.of_kind(records, "start")), None)
     elapsed = _clock(summary["total_seconds"]) if summary else "-"
-    host = str(start["host"]) if start else "-"
+    host = _hosts(run_dir, records)
     stop = next(reversed(runfolder.of_kind(records, "stop")), None)  # the last attempt's
     alive = meta.get("backend") == "local" and _local_job_alive(run_dir, meta, tasks)
     if summary:
@@ -258,6 +257,24 @@ def _folder_state(
     else:
         state = "UNKNOWN"  # Slurm did not answer and the run folder holds no summary
     return state, elapsed, host
+
+
+def _hosts(run_dir: Path, records: list[dict[str, Any]]) -> str:
+    """The nodes the run's last attempt ran on, from the start record of each node's first rank
+    (ranks fill a node before the next); '-' before rank 0 has started."""
+    start = next(reversed(runfolder.of_kind(records, "start")), None)
+    if not start:
+        return "-"
+    per_node = max(int(start.get("local_world_size") or 1), 1)
+    hosts = [_node(start)]
+    for rank in range(per_node, int(start.get("world_size") or 1), per_node):
+        found = runfolder.of_kind(runfolder.read_rank(run_dir, rank), "start")[-1:]
+        hosts += [_node(found[0])] if found else []
+    return ",".join(dict.fromkeys(hosts))
+
+
+def _node(start: dict[str, Any]) -> str:
+    return str(start.get("node") or start["host"])  # Slurm's name: nodes can share a hostname
 
 
 def _stopped_state(stop: dict[str, Any]) -> str:

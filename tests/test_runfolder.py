@@ -169,6 +169,25 @@ def test_status_without_slurm_reads_the_state_from_the_run_folder(
     assert status(run_dir).state == expected
 
 
+def test_status_without_slurm_names_every_node_of_the_last_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two nodes of two ranks each, requeued onto other nodes: the run folder's nodes are each
+    node's first rank's, in its last start record (Slurm's node name, not the shared hostname)."""
+    from launch.jobs import status
+
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
+    cfg = load_config(overrides=[f"output.root={tmp_path}/runs"])
+    run_dir = runfolder.create(cfg, launcher="test", backend="slurm", command=[])
+    runfolder.update_meta(run_dir, job_id="4242")
+    for rank in range(4):
+        ranks = runfolder.RecordWriter(run_dir, rank)
+        for attempt in ("a", "b"):
+            node = f"{attempt}{rank // 2 + 1}"
+            ranks.write("start", host="vm", node=node, world_size=4, local_world_size=2)
+    assert status(run_dir).nodes == "b1,b2"
+
+
 def test_status_says_what_a_run_noticed_and_how_to_go_on_after_its_last_requeue(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
