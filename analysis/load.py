@@ -7,6 +7,8 @@ not hold is NaN in the frame and "n/m" in print: never 0, never a guess.
 from __future__ import annotations
 
 import bisect
+import enum
+import functools
 import math
 import operator
 import os
@@ -133,7 +135,36 @@ SETTINGS: dict[str, Callable[[Config, dict[str, Any]], Any]] = {
     "nodes": lambda cfg, start: cfg.cluster.nodes,
     "gpus_per_node": lambda cfg, start: cfg.cluster.gpus_per_node,
     "speed_options": lambda cfg, start: speed_options(cfg),
+    "other_settings": lambda cfg, start: other_settings(cfg),
 }
+
+# Settings that change a run's figures and have no words of their own in a group's heading: runs
+# that differ in one are never pooled, and the heading names those not at their defaults.
+OTHER_SETTINGS = (
+    "train.lr",
+    "train.momentum",
+    "train.seed",
+    "model.dropout",
+    "data.num_workers",
+    "data.pin_memory",
+    "dist.backend",
+)
+
+
+def other_settings(cfg: Config) -> str:
+    """'train.lr=0.02, train.seed=3': the OTHER_SETTINGS the run changed ('' for none)."""
+    changed = [key for key in OTHER_SETTINGS if _setting(cfg, key) != _default(key)]
+    return ", ".join(f"{key}={_setting(cfg, key)}" for key in changed)
+
+
+@functools.cache
+def _default(key: str) -> Any:
+    return _setting(Config(), key)
+
+
+def _setting(cfg: Config, key: str) -> Any:
+    value: Any = functools.reduce(getattr, key.split("."), cfg)
+    return value.value if isinstance(value, enum.Enum) else value
 
 
 def dataset_label(cfg: Config) -> str:

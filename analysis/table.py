@@ -179,6 +179,11 @@ def _optimizer(key: dict[str, Any]) -> str:
     return "" if key["optimizer"] == "sgd" else f"{key['optimizer']}, "
 
 
+def _other(key: dict[str, Any]) -> str:
+    """The other settings the group's runs changed, where they changed any."""
+    return f", {key['other_settings']}" if key.get("other_settings") else ""
+
+
 def heading(group: Group) -> str:
     """One line: the settings and hardware the group's figures hold for."""
     k = group.key
@@ -189,7 +194,7 @@ def heading(group: Group) -> str:
         f"target accuracy {100 * k['target_accuracy']:g} %, "
         f"grad accum {k['grad_accum_steps']}, {k['precision']}, {_optimizer(k)}"
         f"{k['nodes']} node(s) × {k['gpus_per_node']} GPUs/node, "
-        f"speed options: {k['speed_options']} | "
+        f"speed options: {k['speed_options']}{_other(k)} | "
         f"hardware: {k['device_name']}, {gpus}, torch {k['torch']}"
     )
 

@@ -128,6 +128,29 @@ def test_runs_of_other_settings_get_their_own_table(runs: dict[str, Path]) -> No
     assert tables[heading][LABELS["epoch_s"]][1:] == ["n/m", "n/m"]
 
 
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [("train", "lr", 0.02), ("train", "seed", 3), ("model", "dropout", False)],
+)
+def test_runs_of_another_learning_rate_or_seed_are_not_repeats(
+    runs: dict[str, Path], tmp_path: Path, section: str, key: str, value: object
+) -> None:
+    """A sweep's points differ in settings the heading has no words of its own for: each point
+    is its own group, named by what it changed, never pooled as a repeat of another."""
+    point = Path(shutil.copytree(runs["dp"], tmp_path / "20991231-000000-dp-1n2g-0000"))
+    meta = json.loads((point / "run.json").read_text()) | {"run_id": point.name}
+    meta["config"][section][key] = value
+    (point / "run.json").write_text(json.dumps(meta))
+    code, out, err = _summarize(runs["dp"], runs["ddp"], point)
+    assert code == 0, err
+    tables = _tables(out)
+    assert len(tables) == 2, out
+    changed = next(h for h in tables if f"{section}.{key}={value}" in h)
+    assert tables[changed]["runs"] == ["1", "0", ""]
+    (default,) = (h for h in tables if h != changed)
+    assert tables[default]["runs"] == ["1", "1", ""] and f"{section}.{key}=" not in default
+
+
 def test_repeats_of_one_setting_give_the_median_and_their_count(
     runs: dict[str, Path], tmp_path: Path
 ) -> None:
