@@ -238,15 +238,25 @@ def _remove_tree(path: Path) -> None:
 # --- run.json -----------------------------------------------------------------------------
 
 
+def _not_a_run_folder(path: Path) -> str:
+    """Why `path` is no run folder, and which to pass: one of the runs it holds (a sweep's root,
+    an output root), else one under the output root."""
+    held = find_runs(path) if os.path.isdir(path) else []
+    if not held:
+        return (
+            f"{path} is not a run folder (no {META}): pass a run folder (made under "
+            "output.root, runs/ by default)"
+        )
+    return f"{path} is not a run folder but holds {len(held)}: pass one of them, e.g. {held[0]}"
+
+
 def read_meta(run_dir: Path) -> dict[str, Any]:
     path = run_dir / META
     try:  # read first, ask why only when that fails: one system call less per run
         meta = json.loads(_read_bytes(path))
     except (OSError, ValueError) as err:
         if not os.path.lexists(path):
-            raise RunFolderError(
-                f"{run_dir} is not a run folder (no {META}): pass a folder under runs/"
-            ) from None
+            raise RunFolderError(_not_a_run_folder(run_dir)) from None
         raise RunFolderError(f"{path} cannot be read ({err}): the run folder is damaged") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("schema"), int):
         raise RunFolderError(f"{path} is not a run record of this kit (no schema number)")

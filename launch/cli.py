@@ -139,6 +139,12 @@ def _hide(parser: argparse.ArgumentParser, flag: str) -> None:
             action.help = argparse.SUPPRESS
 
 
+def _runs_in(path: Path) -> list[Path]:
+    """A run folder, or the run folders a folder holds (a sweep's root, say); the path alone
+    where it is neither, for the reader to say what it is."""
+    return (runfolder.find_runs(path) if path.is_dir() else []) or [path]
+
+
 def _folder(text: str) -> Path:
     """A run folder as given; `.` or `..` made whole, so that the run has a name to show."""
     path = Path(text)
@@ -251,12 +257,7 @@ def _sweep(args: argparse.Namespace) -> int:
             if isinstance(job, submitit.LocalJob) and _in_flight(run_dir, job):
                 print(interrupted(job, run_dir, err), file=sys.stderr, flush=True)
         if queued:  # one line, not a Slurm query and a line per run
-            root = cfgs[0].output.root
-            print(
-                f"{interrupt_word(err)}: the sweep's {len(queued)} submitted Slurm job(s) go on: "
-                f"`python -m launch status {root}`, `python -m launch cancel {root}`",
-                file=sys.stderr,
-            )
+            print(f"{interrupt_word(err)}: {_queued_words(queued, submitted)}", file=sys.stderr)
         if len(submitted) < len(cfgs):
             print(
                 f"{interrupt_word(err)}: {len(cfgs) - len(submitted)} of the sweep's "
@@ -265,6 +266,26 @@ def _sweep(args: argparse.Namespace) -> int:
             )
         return exit_status(err)
     return _local_sweep_result(submitted)
+
+
+SWEEP_RUNS_NAMED = 6  # an interrupted sweep's hint names its run folders up to this many
+
+
+def _queued_words(queued: list[Path], submitted: list[tuple[Path, Any]]) -> str:
+    """What goes on of an interrupted Slurm sweep, and how to follow or cancel it alone (its
+    root may hold other runs): its run folders, or, for many, its job arrays."""
+    if len(queued) <= SWEEP_RUNS_NAMED:
+        runs = " ".join(map(str, queued))
+        return (
+            f"the sweep's {len(queued)} submitted Slurm job(s) go on: `python -m launch status "
+            f"{runs}`, `python -m launch cancel {runs}`"
+        )
+    arrays = " ".join(dict.fromkeys(str(job.job_id).split("_")[0] for _, job in submitted))
+    return (
+        f"the sweep's {len(queued)} submitted Slurm job(s) go on, in job array(s) {arrays}: "
+        f"`python -m launch status {queued[0].parent}` lists them among that folder's runs; "
+        f"`scancel {arrays}` cancels them alone"
+    )
 
 
 def _in_flight(run_dir: Path, job: Any) -> bool:
@@ -448,7 +469,9 @@ def _status(args: argparse.Namespace) -> int:
         unreadable,
     )
 
-    folders = args.runs or runfolder.find_runs(args.root)
+    folders = [run for path in args.runs for run in _runs_in(path)] or runfolder.find_runs(
+        args.root
+    )
     if not folders and args.root.exists() and not args.root.is_dir():
         raise runfolder.RunFolderError(f"--root {args.root} is a file: name the output root")
     if not folders:
@@ -487,8 +510,7 @@ def _cancel(args: argparse.Namespace) -> int:
 
     found: list[Path] = []
     for path in args.runs:
-        runs = runfolder.find_runs(path) if path.is_dir() else []
-        if not runs:
+        if not (runs := runfolder.find_runs(path) if path.is_dir() else []):
             raise runfolder.RunFolderError(f"{path} is not a run folder and holds none")
         found += runs
     if len(found) == 1:

@@ -230,3 +230,37 @@ def test_a_slurm_conf_that_names_no_file_is_refused_at_once(tmp_path: Path) -> N
         "cluster.backend=local\n"
     )
     assert not (tmp_path / "runs").exists()
+
+
+def test_status_reads_a_folder_of_runs_as_cancel_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`status SWEEP_ROOT` lists the runs the folder holds (a sweep's root), where it said the
+    folder was not a run folder; a folder holding none is still named as such."""
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
+    cfg = load_config(overrides=[f"output.root={tmp_path}/sweep", "cluster.backend=local"])
+    made = [runfolder.create(cfg, launcher="test", backend="local", command=[]) for _ in range(2)]
+    out = kit_here("launch", "status", str(tmp_path / "sweep"))
+    assert out.returncode == 0, out.stderr
+    assert [line.split()[0] for line in out.stdout.splitlines()[1:3]] == sorted(
+        run.name for run in made
+    )
+    (tmp_path / "empty").mkdir()
+    empty = kit_here("launch", "status", str(tmp_path / "empty"))
+    assert empty.returncode == 2 and "empty" in empty.stderr
+
+
+def test_an_interrupted_slurm_sweep_names_its_own_runs_not_the_whole_root() -> None:
+    """The root may hold other runs: the hint follows and cancels the sweep's alone."""
+    from types import SimpleNamespace
+
+    from launch.cli import SWEEP_RUNS_NAMED, _queued_words
+
+    root = Path("/o/runs")
+    few = [(root / f"r{i}", SimpleNamespace(job_id=f"71_{i}")) for i in range(2)]
+    words = _queued_words([run for run, _ in few], few)
+    assert "`python -m launch cancel /o/runs/r0 /o/runs/r1`" in words
+    many = [(root / f"r{i}", SimpleNamespace(job_id=f"{70 + i // 4}_{i}")) for i in range(8)]
+    assert len(many) > SWEEP_RUNS_NAMED
+    words = _queued_words([run for run, _ in many], many)
+    assert "in job array(s) 70 71:" in words and "`scancel 70 71` cancels them alone" in words

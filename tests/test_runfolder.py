@@ -478,8 +478,14 @@ def test_a_refused_resume_leaves_nothing_in_the_folder_it_was_given(tmp_path: Pa
     for given in (tmp_path / "runs", tmp_path / "nothing"):
         done = kit_here("launch", "resume", str(given))
         assert done.returncode == 2
-        assert (
-            done.stderr
-            == f"error: {given} is not a run folder (no run.json): pass a folder under runs/\n"
+        assert done.stderr == (
+            f"error: {given} is not a run folder (no run.json): pass a run folder (made under "
+            "output.root, runs/ by default)\n"
         )
     assert list((tmp_path / "runs").iterdir()) == []
+    cfg = load_config(overrides=[f"output.root={tmp_path}/sweep"])
+    run_dir = runfolder.create(cfg, launcher="test", backend="local", command=[])
+    for command in ("resume", "logs"):  # a sweep's root: one of its runs is meant
+        done = kit_here("launch", command, str(tmp_path / "sweep"))
+        assert done.returncode == 2, done.stderr
+        assert f"is not a run folder but holds 1: pass one of them, e.g. {run_dir}" in done.stderr
