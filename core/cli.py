@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from typing import Any, NoReturn
 
@@ -111,6 +111,7 @@ class HeldSignals:
     def __init__(self) -> None:
         self.signum: int | None = None
         self._before: dict[int, Any] = {}
+        self._firm = False
 
     def hold(self) -> None:
         for signum in ENDING:
@@ -120,9 +121,19 @@ class HeldSignals:
     def _note(self, signum: int, frame: object) -> None:
         if self._before.get(signum) == signal.SIG_IGN:
             return
-        if self.signum is not None:  # asked twice (a submission that hangs): not held again
-            raise Interrupted(self.signum)
-        self.signum = signum
+        if self.signum is not None and not self._firm:  # asked twice (a submission that
+            raise Interrupted(self.signum)  # hangs): not held again
+        self.signum = self.signum or signum
+
+    @contextlib.contextmanager
+    def firmly(self) -> Iterator[None]:
+        """Every signal held, a second one too: for work that is quick and must not be cut
+        short (recording jobs already submitted)."""
+        self._firm = True
+        try:
+            yield
+        finally:
+            self._firm = False
 
     def release(self) -> None:
         for signum, before in self._before.items():

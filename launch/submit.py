@@ -1108,41 +1108,56 @@ def _local_sweep(
 def _slurm_sweep(
     cfgs: list[Config], commands: list[list[str]], parallel: int | None
 ) -> Iterator[tuple[Path, submitit.Job[Any]]]:
-    """One array per MaxArraySize runs (the cluster's limit on an array's indices), all made
-    first; an array Slurm refuses takes its run folders with it, and says how many went in."""
+    """One array per MaxArraySize runs (the cluster's limit on an array's indices), each made,
+    submitted and recorded in turn; an array Slurm refuses takes its run folders with it, and
+    says how many went in. A signal ends the sweep before the next run folder; the runs in the
+    queue are the caller's (yielded) and recorded by then. A second signal ends it at once
+    (a hanging sbatch), but never between an array's submission and its runs' records."""
     made = runfolder.folders_to_make(cfgs[0].output.root)
     held = HeldSignals()  # from the first run folder until the caller has every run
     held.hold()
     try:
-        submitted = _submitted_arrays(cfgs, commands, parallel, made)
-        for run_dir, job in submitted:
-            _record_job(run_dir, job)
-        yield from submitted
+        size = slurm.max_array_size() or len(cfgs)
+        for start in range(0, len(cfgs), size):
+            part = _array_folders(cfgs[start : start + size], commands[start : start + size], held)
+            if held.signum is not None:  # the caller says how many went in
+                _discard_array(part, made)
+                break
+            try:
+                jobs = _array(cfgs[start : start + size], part, parallel)
+            except SubmitError as err:
+                _discard_array(part, made)
+                went = f"; the first {start} runs were submitted (`launch status`)" if start else ""
+                raise SubmitError(f"{err}{went}") from None
+            with held.firmly():
+                for run_dir, job in zip(part, jobs, strict=True):
+                    _record_job(run_dir, job)
+            yield from zip(part, jobs, strict=True)
     finally:
         held.release()
     if held.signum is not None:
         raise Interrupted(held.signum)
 
 
-def _submitted_arrays(
-    cfgs: list[Config], commands: list[list[str]], parallel: int | None, made: list[Path]
-) -> list[tuple[Path, submitit.Job[Any]]]:
-    run_dirs = [
-        runfolder.create(cfg, launcher="launch sweep", backend="slurm", command=command)
-        for cfg, command in zip(cfgs, commands, strict=True)
-    ]
-    size = slurm.max_array_size() or len(cfgs)
-    submitted: list[tuple[Path, submitit.Job[Any]]] = []
-    for start in range(0, len(cfgs), size):
-        part = run_dirs[start : start + size]
-        try:
-            submitted += zip(part, _array(cfgs[start : start + size], part, parallel), strict=True)
-        except SubmitError as err:
-            logs = runfolder.sweep_logs_dir(part[0])
-            runfolder.discard([*run_dirs[start:], logs], [logs.parent, *made])  # `sweeps/` too
-            went = f"; the first {start} runs were submitted (`launch status`)" if start else ""
-            raise SubmitError(f"{err}{went}") from None
-    return submitted
+def _array_folders(cfgs: list[Config], commands: list[list[str]], held: HeldSignals) -> list[Path]:
+    """An array's run folders, made until a signal comes (a second one: none left behind)."""
+    part: list[Path] = []
+    try:
+        for cfg, command in zip(cfgs, commands, strict=True):
+            if held.signum is not None:
+                break
+            part.append(runfolder.create(cfg, "launch sweep", "slurm", command))
+    except KeyboardInterrupt:
+        _discard_array(part, [])
+        raise
+    return part
+
+
+def _discard_array(run_dirs: list[Path], made: list[Path]) -> None:
+    """An array's run folders that no job runs in, and its logs' folder (`sweeps/` too where
+    nothing else is left in it)."""
+    logs = [runfolder.sweep_logs_dir(run_dirs[0])] if run_dirs else []
+    runfolder.discard([*run_dirs, *logs], [*(path.parent for path in logs), *made])
 
 
 def _array(

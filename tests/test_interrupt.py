@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 from kit import REPO, alive, kit, run_folder, wait_for
 from paced import LASTING
+from slurm_cluster import SlurmCluster
 
 from core import processes, runfolder
 from core.settings.loading import load_config
@@ -383,3 +386,44 @@ def test_a_run_stopped_before_its_first_save_is_not_said_to_have_a_checkpoint(
     runfolder.state_path(run_dir).parent.mkdir()
     runfolder.state_path(run_dir).write_bytes(b"saved")
     assert continue_words(run_dir).startswith("continue it from its last checkpoint")
+
+
+@pytest.mark.slurm
+def test_ctrl_c_while_a_slurm_sweep_is_submitted_stops_at_the_next_array(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """120 points, 20 arrays of the test cluster's 6 (each held until an hour from now): a
+    Ctrl-C once the second array's folders are made ends the submission there. The arrays in
+    the queue go on, each run recorded; no folder is left for a point not submitted; the hint
+    names the sweep's own arrays, and `scancel` of those empties the queue."""
+    seeds = ",".join(map(str, range(120)))
+    where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "launch", "sweep", "--modes", "ddp", "--grid",
+             f"train.seed={seeds}", "cluster.backend=slurm", "cluster.gpus_per_node=1",
+             "cluster.cpus_per_task=1", "cluster.sbatch_extra.begin=now+3600", *where],
+            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=stdout, stderr=stderr,
+            start_new_session=True, preexec_fn=_as_a_terminal_starts_it,
+        )  # fmt: skip
+    made = lambda: len(runfolder.find_runs(tmp_path / "runs"))  # noqa: E731
+    assert wait_for(lambda: made() > 6, 120, every=0.005), err.read_text()
+    os.killpg(process.pid, signal.SIGINT)
+    assert process.wait(60) == 130, out.read_text() + err.read_text()
+    runs = runfolder.find_runs(tmp_path / "runs")
+    assert len(runs) % 6 == 0 and 6 <= len(runs) < 120, len(runs)
+    jobs = {str(_meta(run)["job_id"]) for run in runs}  # every folder names its array element
+    arrays = sorted({job.split("_")[0] for job in jobs})
+    assert len(jobs) == len(runs) and len(arrays) == len(runs) // 6
+    hint, rest = err.read_text().splitlines()
+    assert hint.startswith(f"interrupted: the sweep's {len(runs)} submitted Slurm job(s) go on")
+    assert rest == f"interrupted: {120 - len(runs)} of the sweep's 120 runs were not submitted"
+    queued = lambda: slurm_cluster.run(  # noqa: E731
+        "squeue", "-h", "-r", "-t", "PENDING", "-j", ",".join(arrays), "-o", "%i"
+    ).stdout.split()
+    assert sorted(queued()) == sorted(jobs)
+    cancel = shlex.split(re.findall(r"`([^`]+)`", hint)[-1])  # the hint's cancel, as given
+    done = kit(*cancel[2:]) if cancel[0] == "python" else slurm_cluster.run(*cancel)
+    assert done.returncode == 0, done.stderr
+    assert wait_for(lambda: not queued(), 30), queued()
