@@ -146,7 +146,20 @@ def _queue_states(job_ids: list[str]) -> dict[str, JobState]:
     if not squeue or squeue.returncode:
         return {}
     rows = (line.split("|") for line in squeue.stdout.splitlines() if line.count("|") == 3)
-    return {job: JobState(word, elapsed, nodes or "-") for job, word, elapsed, nodes in rows}
+    return {
+        job: JobState(word, _as_sacct(elapsed), nodes or "-") for job, word, elapsed, nodes in rows
+    }
+
+
+def _as_sacct(elapsed: str) -> str:
+    """squeue's time (`1:05`, `2-03:04:05`) as sacct writes it (`00:01:05`), so that a run's
+    ELAPSED reads alike whichever of the two told it."""
+    total = seconds(elapsed)
+    if total is None:
+        return elapsed
+    days, rest = divmod(total, 86400)
+    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{clock}" if days else clock
 
 
 def _accounting_states(job_ids: list[str]) -> dict[str, JobState]:

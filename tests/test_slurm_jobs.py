@@ -313,7 +313,8 @@ def test_status_cancel_and_logs(slurm_cluster: SlurmCluster, tmp_path: Path) -> 
         "ELAPSED",
         "EPOCH",
     ]
-    assert " RUNNING " in status.stdout
+    running = next(line for line in status.stdout.splitlines() if " RUNNING " in line)
+    assert re.search(r" \d\d:\d\d:\d\d ", running), running  # squeue's 0:35 as sacct's 00:00:35
     logs = kit("launch", "logs", str(run_dir), "--rank", "1")
     assert (
         logs.returncode == 0 and "_1_log.out <==" in logs.stdout and "global_rank=1" in logs.stdout
