@@ -85,6 +85,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+SKIPS_SHOWN = 10  # skipped runs named one by one; more (a cancelled sweep) are counted
+
+
+def _shortened(notes: list[str]) -> list[str]:
+    """The notes, with the skipped runs past the first SKIPS_SHOWN counted in one line."""
+    skipped = [note for note in notes if note.startswith("skipped ")]
+    if len(skipped) <= SKIPS_SHOWN:
+        return notes
+    left = set(skipped[SKIPS_SHOWN:])
+    kept = [note for note in notes if note not in left]
+    return [*kept, f"skipped {len(left)} more run(s) not finished: `launch status` shows each"]
+
+
 def _summarize(args: argparse.Namespace) -> int:
     if args.format not in FORMATS:
         raise UsageError(f"--format {args.format} is not known: use one of {', '.join(FORMATS)}")
@@ -95,11 +108,11 @@ def _summarize(args: argparse.Namespace) -> int:
     runs, notes = load_runs(run_dirs, parallel=True, cache=cache)  # nothing runs on import here
     groups, alone = group_runs(runs)
     # Warnings, skipped runs, largest-batch runs in no table: on stderr, stdout stays a clean table.
-    for note in [*notes, *alone]:
+    for note in _shortened([*notes, *alone]):
         print(note, file=sys.stderr)
     if not groups:
         print(
-            f"error: no training run among the {len(run_dirs)} run(s) has finished yet: "
+            f"error: none of the {len(run_dirs)} run(s) has finished its training (why: above): "
             "nothing to summarize",
             file=sys.stderr,
         )

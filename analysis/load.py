@@ -376,6 +376,9 @@ def _read_run(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
     if cfg.task in SEARCHES:
         return _search_row(run_dir, run_id, cfg, ranks), notes
     missing = _missing(cfg, ranks)
+    if missing and meta.get("cancel_requested"):
+        return None, [*notes, f"skipped {run_id}: {missing}: cancelled (`launch cancel`); "
+                      f"`python -m launch resume {run_dir}` finishes it"]  # fmt: skip
     if missing:
         return None, [*notes, f"skipped {run_id}: {missing}; see {runfolder.logs_dir(run_dir)}"]
     notes += [
@@ -479,7 +482,7 @@ def _by_kind(records: Records) -> Rank:
 def _missing(cfg: Config, ranks: dict[int, Rank]) -> str:
     """What a run lacks before its figures mean anything; '' when it is complete."""
     if not ranks:
-        return "no metrics yet (job queued, still starting, or failed at start)"
+        return "no metrics yet (job queued, still starting, cancelled, or failed at start)"
     expected = range(world_size(cfg))
     absent = [rank for rank in expected if not ranks.get(rank, {}).get("start")]
     if absent:
@@ -492,7 +495,10 @@ def _missing(cfg: Config, ranks: dict[int, Rank]) -> str:
         )
     done = min(len(ranks[rank].get("epoch", [])) for rank in expected)
     if done < cfg.train.epochs:
-        return f"{done} of {cfg.train.epochs} epochs done on every rank (job running or failed)"
+        return (
+            f"{done} of {cfg.train.epochs} epochs done on every rank (job running, stopped, "
+            "cancelled or failed: `launch status` says which)"
+        )
     if not ranks[0].get("summary"):
         return "no summary from rank 0 (job still running, or failed before the end)"
     return ""

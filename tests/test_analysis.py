@@ -20,6 +20,7 @@ from kit import SMALL, kit, kit_here, records, run_folder
 from analysis.load import FIGURES
 from analysis.table import comparison
 from core import runfolder
+from core.settings.loading import load_config
 
 LABELS = {f.column: f.label for f in FIGURES}
 
@@ -216,7 +217,7 @@ def test_a_largest_batch_run_without_its_training_runs_is_a_note(
     assert code == 1 and out == "" and "Traceback" not in err
     assert err.splitlines() == [
         ALONE.format(alone.name, "not measured (no GPU)"),
-        "error: no training run among the 1 run(s) has finished yet: nothing to summarize",
+        "error: none of the 1 run(s) has finished its training (why: above): nothing to summarize",
     ]
     for found, text in ((None, "0, none fits"), (4096, "4096")):
         searched = _copy(alone, tmp_path / str(found))
@@ -606,3 +607,21 @@ def test_the_scaling_table_gives_the_published_speed_ups() -> None:
     assert speed_ups[(f"{fast} (max-autotune-no-cudagraphs), CUDA graph", "512", "2")] == "1.39×"
     assert speed_ups[(f"{fast}, CUDA graph", "16000", "2")] == "1.96×"
     assert speed_ups[("dp, fp32, none", "512", "2")] == "n/m"
+
+
+def test_a_cancelled_sweep_is_said_in_a_few_lines_naming_the_cancel(tmp_path: Path) -> None:
+    """Twelve runs cancelled before they trained: each of the first ten says it was cancelled and
+    how to finish it, the rest are counted in one line."""
+    cfg = load_config(overrides=[f"output.root={tmp_path}/sweep", "cluster.backend=local"])
+    for _ in range(12):
+        run_dir = runfolder.create(cfg, launcher="test", backend="slurm", command=[])
+        runfolder.update_meta(run_dir, job_id="9_1", cancel_requested=True)
+    code, out, err = _summarize(tmp_path / "sweep")
+    assert code == 1 and out == "", err
+    lines = err.splitlines()
+    assert len(lines) == 12, err
+    assert all(
+        "cancelled (`launch cancel`); `python -m launch resume " in line for line in lines[:10]
+    )
+    assert lines[10] == "skipped 2 more run(s) not finished: `launch status` shows each"
+    assert lines[11].startswith("error: none of the 12 run(s) has finished its training")
