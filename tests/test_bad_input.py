@@ -305,7 +305,10 @@ CASES = [
     Case(
         "dp on 2 nodes",
         ("--nodes", "2"),
-        ("cluster.nodes=2", "use --mode ddp for several nodes, or --nodes 1"),
+        (
+            "cluster.nodes=2",
+            "use DDP for several nodes (--mode ddp; a sweep's --modes ddp; slurm/ddp.sbatch), or one node (--nodes 1; sbatch --nodes=1)",
+        ),
         mode=("--mode", "dp"),
     ),
     Case(

@@ -88,7 +88,10 @@ def test_text_settings_keep_what_was_written(tmp_path: Path) -> None:
         (["train.epochs=0"], "train.epochs=0 must be between 1 and 1000000"),
         (["train.global_batch_size=510"], "use a multiple of 4, e.g. train.global_batch_size=512"),
         (["train.grad_accum_steps=3"], "4 rank(s) × 3 accumulation step(s)"),
-        (["mode=dp", "cluster.nodes=2"], "use --mode ddp for several nodes, or --nodes 1"),
+        (
+            ["mode=dp", "cluster.nodes=2"],
+            "use DDP for several nodes (--mode ddp; a sweep's --modes ddp; slurm/ddp.sbatch), or one node (--nodes 1; sbatch --nodes=1)",
+        ),
         (["train.epochs"], "is not of the form key=value"),
     ],
 )

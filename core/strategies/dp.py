@@ -30,7 +30,8 @@ class DataParallel(Strategy):
         if cfg.cluster.nodes > 1:
             raise ConfigError(
                 f"DataParallel runs in one process on one node, but cluster.nodes="
-                f"{cfg.cluster.nodes}: use --mode ddp for several nodes, or --nodes 1"
+                f"{cfg.cluster.nodes}: use DDP for several nodes (--mode ddp; a sweep's "
+                "--modes ddp; slurm/ddp.sbatch), or one node (--nodes 1; sbatch --nodes=1)"
             )
         refuse_compiled(
             cfg, self.name, "{key}=true does not apply to DataParallel (it replicates the model "
