@@ -27,7 +27,6 @@ from core.cli import (
 )
 from core.errors import KitError
 from core.settings.loading import load_config, read_override, to_yaml
-from core.settings.rules import check_batch_fits_data
 from core.settings.schema import Config, ConfigError
 from core.strategies import STRATEGIES
 
@@ -432,7 +431,9 @@ def _prepare(args: argparse.Namespace) -> int:
     restarted = os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0")
     run_dir = runfolder.find_for_job(root, job_id) if restarted and job_id else None
     if run_dir is None:
-        check_batch_fits_data(cfg)  # what `launch submit` asks of a run: a new one is made here
+        from launch.submit import check_data
+
+        check_data(cfg)  # what `launch submit` asks of a run's data: a new one is made here
         run_dir = runfolder.create(cfg, launcher=args.launcher, backend="slurm", command=sys.argv)
         runfolder.update_meta(run_dir, job_id=job_id)
     if args.shell:  # the paths, then the task's command (inside the container, if one is set)

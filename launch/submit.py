@@ -116,7 +116,7 @@ def check_submission(cfg: Config, dry_run: bool = False) -> Backend:
         )
     runfolder.check_root(cfg.output.root)
     _check_container(cfg, backend, dry_run)
-    _check_data(cfg)
+    check_data(cfg)
     _check_factories(cfg)
     if backend == Backend.local:
         check_hardware(cfg, _local_gpus(), tasks_per_node(cfg))
@@ -153,7 +153,7 @@ def _check_container(cfg: Config, backend: Backend, dry_run: bool) -> None:
         )
 
 
-def _check_data(cfg: Config) -> None:
+def check_data(cfg: Config) -> None:
     """data.root must be a folder the job can read or make; a dataset the job cannot make
     (real MNIST) must be there now. The embedded datasets are written by the job if missing."""
     check_batch_fits_data(cfg)

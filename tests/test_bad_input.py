@@ -97,13 +97,13 @@ CASES = [
         "mnist missing",
         ("data.dataset=mnist",),
         ("train-images-idx3-ubyte is missing", "python -m train fetch-mnist --root"),
-        SUBMIT_ONLY,
+        NEW_RUN,
     ),
     Case(
         "data.root in a file",
         ("data.root={tmp}/file/x",),
         ("/file is a file; point data.root at a folder", "data.root=data"),
-        SUBMIT_ONLY,
+        NEW_RUN,
     ),
     *[
         Case(
