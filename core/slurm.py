@@ -330,6 +330,9 @@ def cancel(job_id: str) -> str:
     gone = ("already completing or completed", "Invalid job id specified")
     if done and done.returncode == 0 and any(word in done.stderr for word in gone):
         return ALREADY_ENDED
+    if done and done.returncode:  # its errors, not -v's account of what it tried
+        errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+        done.stderr = "\n".join(errors) or done.stderr
     return _problem(done, "scancel")
 
 

@@ -952,4 +952,4 @@ def test_verbose_shows_the_slurm_commands_it_runs(
     run_dir, env = unreachable_job
     done = kit_here("launch", "cancel", "-v", str(run_dir), env=env)
     assert done.returncode == 2, done.stderr
-    assert "slurm: scancel 4242" in done.stderr and "slurm: scancel: exit " in done.stderr
+    assert "slurm: scancel -v 4242" in done.stderr and "slurm: scancel: exit " in done.stderr

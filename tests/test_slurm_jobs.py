@@ -204,7 +204,7 @@ def test_dp_sbatch_script_and_its_refusal_of_two_nodes(
         slurm_cluster, tmp_path, "--nodes=2", str(REPO / "slurm/dp.sbatch"), *_kit_env(tmp_path)
     )
     assert state == "FAILED", out
-    assert "DataParallel runs in one process on one node" in out and "use --mode ddp" in out
+    assert "DataParallel runs in one process on one node" in out and "slurm/ddp.sbatch" in out
 
 
 def test_batch_script_without_srun_is_caught(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
