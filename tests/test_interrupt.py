@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,15 @@ def _as_a_terminal_starts_it() -> None:
     """A shell's foreground command starts with SIGINT at its default, whatever this test
     process inherited (the kit keeps an ignored SIGINT ignored, as a background job's)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _submitted(root: Path) -> bool:
+    """Whether a job's submission file is in a run folder under root (a folder being staged
+    is renamed into place meanwhile: a glob that meets it mid-rename finds nothing yet)."""
+    try:
+        return any(root.glob("*/logs/*_submitted.pkl"))
+    except FileNotFoundError:
+        return False
 
 
 class Following:
@@ -299,7 +309,7 @@ def test_a_signal_while_the_job_is_submitted_is_taken_once_it_is_recorded(
         preexec_fn=_as_a_terminal_starts_it,
     )  # fmt: skip
     started = tmp_path / "runs"
-    assert wait_for(lambda: any(started.glob("*/logs/*_submitted.pkl")), 120, every=0.002)
+    assert wait_for(partial(_submitted, started), 120, every=0.002)
     os.kill(process.pid, sent)
     out, err = process.communicate(timeout=60)
     assert process.returncode == status, out + err
@@ -332,7 +342,7 @@ def test_ctrl_c_in_a_local_sweep_cancels_its_running_run_and_submits_no_more(
         )  # fmt: skip
     if instant == "submitting":
         started = tmp_path / "runs"
-        assert wait_for(lambda: any(started.glob("*/logs/*_submitted.pkl")), 120, every=0.002)
+        assert wait_for(partial(_submitted, started), 120, every=0.002)
         os.killpg(process.pid, signal.SIGINT)  # the terminal's Ctrl-C
     assert wait_for(lambda: "run folder: " in out.read_text(), 120), err.read_text()
     run_dir = Path(out.read_text().split("run folder: ")[1].split()[0])
