@@ -9,7 +9,10 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+from core import runfolder
 from core.errors import KitError
+from core.settings.rules import check_batch_fits_data
+from core.settings.schema import Config, ConfigError
 
 IMAGE_MAGIC, LABEL_MAGIC = 0x00000803, 0x00000801
 
@@ -89,3 +92,19 @@ def _fix(folder: Path, dataset: str) -> str:
             "(compute nodes often have none; copy the folder over if needed)."
         )
     return f"Delete {folder} and run again: the synthetic data is rewritten from its seed."
+
+
+def check_data(cfg: Config) -> None:
+    """What a new run's data must be before its folder is made (`launch submit`, the sbatch
+    scripts' `launch prepare`): data.root a folder the job can read or make, and a dataset the
+    job cannot make (real MNIST) there now. The embedded datasets are written by the job."""
+    check_batch_fits_data(cfg)
+    root = runfolder.expand("data.root", cfg.data.root)
+    existing = next(p for p in [root, *root.parents] if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(
+            f"data.root={cfg.data.root}: {existing} is a file; point data.root at a folder, "
+            "e.g. data.root=data"
+        )
+    if cfg.data.dataset == "mnist":
+        verify(root, "mnist")

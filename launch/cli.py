@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from core import container, processes, runfolder, strategies
+from core import container, datafiles, processes, runfolder, strategies
 from core.cli import (
     ENDING,
     ArgumentParser,
@@ -431,9 +431,9 @@ def _prepare(args: argparse.Namespace) -> int:
     restarted = os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0")
     run_dir = runfolder.find_for_job(root, job_id) if restarted and job_id else None
     if run_dir is None:
-        from launch.submit import check_data
-
-        check_data(cfg)  # what `launch submit` asks of a run's data: a new one is made here
+        datafiles.check_data(
+            cfg
+        )  # what `launch submit` asks of a run's data: a new one is made here
         run_dir = runfolder.create(cfg, launcher=args.launcher, backend="slurm", command=sys.argv)
         runfolder.update_meta(run_dir, job_id=job_id)
     if args.shell:  # the paths, then the task's command (inside the container, if one is set)

@@ -116,7 +116,7 @@ def check_submission(cfg: Config, dry_run: bool = False) -> Backend:
         )
     runfolder.check_root(cfg.output.root)
     _check_container(cfg, backend, dry_run)
-    check_data(cfg)
+    datafiles.check_data(cfg)
     _check_factories(cfg)
     if backend == Backend.local:
         check_hardware(cfg, _local_gpus(), tasks_per_node(cfg))
@@ -151,21 +151,6 @@ def _check_container(cfg: Config, backend: Backend, dry_run: bool) -> None:
             "cluster.container.runtime=apptainer, but `apptainer` is not on PATH: load it "
             "(e.g. `module load apptainer`), or drop cluster.container.image"
         )
-
-
-def check_data(cfg: Config) -> None:
-    """data.root must be a folder the job can read or make; a dataset the job cannot make
-    (real MNIST) must be there now. The embedded datasets are written by the job if missing."""
-    check_batch_fits_data(cfg)
-    root = runfolder.expand("data.root", cfg.data.root)
-    existing = next(p for p in [root, *root.parents] if p.exists())
-    if not existing.is_dir():
-        raise ConfigError(
-            f"data.root={cfg.data.root}: {existing} is a file; point data.root at a folder, "
-            "e.g. data.root=data"
-        )
-    if cfg.data.dataset == "mnist":
-        datafiles.verify(root, "mnist")
 
 
 def _check_factories(cfg: Config) -> None:
