@@ -29,8 +29,6 @@ from train.timing import StepClock
 
 log = logging.getLogger("train")
 
-STOP_CHECK_EVERY = 8  # optimizer steps between two questions about a stop signal
-
 
 def _model_and_optimizer(
     ctx: Context, shape: workloads.Shape, classes: int
@@ -254,6 +252,7 @@ def _train_epoch(
     _synchronize(ctx)
     start = time.perf_counter()
     report = _Progress(ctx, progress.epoch, total, start)
+    since_ask = 0  # optimizer steps since the last ask about a stop
     for number, (x, y) in enumerate(loader, start=progress.batches + 1):
         clock.mark()
         x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
@@ -263,9 +262,12 @@ def _train_epoch(
         if last_micro:
             step.update()
             report.at(number)
-            # All ranks ask at the same steps; every few steps keeps the host's share small.
-            ask = (number // accum) % STOP_CHECK_EVERY == 0 or number == total
-            stop = stopping.due(ctx) if ask else stopping.NONE
+            # All ranks ask at the same steps (ctx.stops.every, agreed at each ask): fast steps
+            # share one ask, keeping the host's share small; a slow step asks at its end.
+            since_ask += 1
+            ask = since_ask >= ctx.stops.every or number == total
+            stop = stopping.due(ctx, since_ask) if ask else stopping.NONE
+            since_ask = 0 if ask else since_ask
             if stop:
                 progress.batches, progress.loss_sum, progress.samples = (
                     number,

@@ -46,6 +46,12 @@ REASONS = {
 
 _SIGNALS = {signal.SIGUSR2: TIME_LIMIT, signal.SIGTERM: PREEMPTED}
 
+# The loop asks about a stop every few optimizer steps, as many as take about ASK_EVERY_S (at
+# most MAX_ASK_EVERY): a stop is acted on within about a second of its signal however long a
+# step takes (Slurm's SIGKILL follows SIGTERM by KillWait), while fast steps share one ask.
+ASK_EVERY_S = 1.0
+MAX_ASK_EVERY = 8
+
 
 def reason_words(reason: int) -> str:
     """Why the job stopped, in words; a local job has no Slurm to send SIGTERM: its controller
@@ -63,6 +69,8 @@ class StopSignals:
         self.seen = NONE
         self.group: Any = None  # the process group the flag travels on: a CPU (gloo) one
         self.deadline: float | None = None  # a time-limit stop put off until then (`due`)
+        self.every = 1  # optimizer steps between two asks, agreed by all ranks at each ask
+        self.asked_at: float | None = None  # time.monotonic() of the last ask
         # Under submitit these are its handlers: the loop hands the requeue back to them.
         self.before = early.hold()
 
@@ -88,13 +96,25 @@ class StopSignals:
         due = self.deadline is not None and time.time() >= self.deadline
         return max(self.seen, TIME_LIMIT if due else NONE)
 
-    def agreed(self) -> int:
-        """The stop reason any rank saw (NONE if none): every rank gets the same answer."""
+    def agreed(self, steps: int = 0) -> int:
+        """The stop reason any rank saw (NONE if none): every rank gets the same answer. With
+        it, how many steps to the next ask: the fewest any rank proposes from the time its last
+        `steps` steps took (none: the epoch's end, the count stays)."""
+        proposal = self._proposal(steps)
         if self.group is None:
-            return self._local()
-        flag = torch.tensor([self._local()])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        return int(flag.item())
+            reason = self._local()
+        else:  # one all-reduce for both: the largest reason, the smallest count (negated)
+            flag = torch.tensor([self._local(), -proposal])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+            reason, proposal = int(flag[0]), -int(flag[1])
+        self.every, self.asked_at = proposal, time.monotonic()
+        return reason
+
+    def _proposal(self, steps: int) -> int:
+        if not steps or self.asked_at is None:
+            return self.every
+        per_step = max(time.monotonic() - self.asked_at, 1e-6) / steps
+        return max(1, min(MAX_ASK_EVERY, int(ASK_EVERY_S / per_step)))
 
     def put_off(self, seconds: float) -> None:
         """Forget the warning seen so far and stop `seconds` from now instead."""
@@ -168,7 +188,7 @@ LEAD_SLACK_S = 5  # within this of the lead, a warning is on time
 EARLY_S = 60  # Slurm sends its warning on a periodic check (30 s), so up to this much early
 
 
-def due(ctx: Context) -> int:
+def due(ctx: Context, steps: int = 0) -> int:
     """The stop every rank acts on now (NONE: train on), asked at agreed step boundaries.
 
     Slurm's time-limit warning may come earlier than the lead: on its periodic check, up to
@@ -178,9 +198,9 @@ def due(ctx: Context) -> int:
     the lead is left (a lead of at most half the limit, the rule `launch submit` fits it by); one
     with far more time left is someone's `scancel --signal=USR2`, acted on at once. A stop put
     off (or armed at the start, `arm`) is weighed again when its time comes: the limit may have
-    been extended meanwhile.
+    been extended meanwhile. `steps`: the optimizer steps since the last ask (`agreed`).
     """
-    reason = ctx.stops.agreed()
+    reason = ctx.stops.agreed(steps)
     if reason != TIME_LIMIT:
         return reason
     later = ctx.stops.from_main(_put_off_by(ctx) if ctx.env.is_main else "")
