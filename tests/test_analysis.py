@@ -312,13 +312,14 @@ def test_a_field_of_the_wrong_type_is_skipped_by_every_reader(
         ({"mode": "xyz"}, "mode='xyz' is not valid"),
         ({"config": {"train": {"epochs": "2"}}}, "epochs='2', where the kit writes int"),
         ({"config": {"cluster": {"setup": "not a list"}}}, "setup='not a list'"),
+        ({"config": {"train": {"epochs": -3}}}, "train.epochs=-3 must be between 1 and"),
     ],
 )
 def test_a_run_json_no_kit_writes_is_skipped_and_the_others_summarized(
     runs: dict[str, Path], tmp_path: Path, edit: dict[str, Any], said: str
 ) -> None:
-    """A hand-edited run.json (a mode this kit lacks, a setting of the wrong type) leaves that
-    run out of the summary with its name and why; the other runs' table stands."""
+    """A hand-edited run.json (a mode this kit lacks, a setting of the wrong type or out of
+    range) leaves that run out of the summary with its name and why; the other runs' table stands."""
     root = tmp_path / "runs"
     good, bad = (_copy(runs[mode], root) for mode in ("dp", "ddp"))
     meta = json.loads((bad / "run.json").read_text())

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from core.settings.rules import check_written, validate
+from core.settings.rules import check_ranges, check_written, validate
 from core.settings.schema import Choice, Config, ConfigError
 
 if typing.TYPE_CHECKING:  # imported where used: readers of many runs never pay for OmegaConf
@@ -85,9 +85,14 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 def from_dict(values: dict[str, Any]) -> Config:
     """A Config from `to_dict`'s output, without OmegaConf: fast, for readers of many runs."""
     try:
-        return typing.cast(Config, _build(Config, values))
+        cfg = typing.cast(Config, _build(Config, values))
     except (TypeError, ValueError) as err:  # TypeError: an unknown key, or no mapping
         raise ConfigError(f"stored settings do not match this kit's: {err}") from None
+    try:
+        check_ranges(cfg)
+    except ConfigError as err:
+        raise ConfigError(f"stored settings break this kit's rules: {err}") from None
+    return cfg
 
 
 def _plain(value: Any) -> Any:

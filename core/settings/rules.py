@@ -74,11 +74,17 @@ _GRES_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _NAME_BREAKERS = re.compile(r"""[\s'"\\#`$]""")
 
 
+def check_ranges(cfg: Config) -> None:
+    """Every count and size within what the kit runs with (the first one out of range raises):
+    checked again where settings are read back, as a hand-edited run folder may break them."""
+    for key, (low, high) in _RANGES.items():
+        _check_range(key, _get(cfg, key), low, high)
+
+
 def validate(cfg: Config) -> None:
     """Every rule a config must meet, whoever made it; the first one broken raises."""
     strategy = strategies.of(cfg)  # an unknown mode first: it names the valid ones
-    for key, (low, high) in _RANGES.items():
-        _check_range(key, _get(cfg, key), low, high)
+    check_ranges(cfg)
     _check_text(dataclasses.asdict(cfg), "")
     for key in _SLURM_NAMES:
         _check_slurm_name(key, _get(cfg, key))
