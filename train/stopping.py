@@ -1,12 +1,12 @@
 """Stopping early: the stop signals, caught from a job's start, and what the job does on one.
 
 On the warning signal before the time limit (SIGUSR2) or on SIGTERM (preemption), a handler only
-sets a flag. The loop asks all ranks at the next optimizer step whether any saw one (one small
-all-reduce), so every rank stops after the same step; the state is saved and the job is requeued
-(through submitit's own handler on the submitit path, `scontrol requeue` on the sbatch path), up
-to cluster.max_requeues times; the restarted job resumes from the checkpoint by itself. Saving
-inside a signal handler can hang a collective, and a handler on rank 0 alone leaves the others
-running.
+sets a flag. The loop asks all ranks, about once a second at an optimizer step, whether any saw one
+(one small all-reduce), so every rank stops after the same step; the state is saved and the job is
+requeued (through submitit's own handler on the submitit path, `scontrol requeue` on the sbatch
+path), up to cluster.max_requeues times; the restarted job resumes from the checkpoint by itself.
+Saving inside a signal handler can hang a collective, and a handler on rank 0 alone leaves the
+others running.
 """
 
 from __future__ import annotations
