@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -118,6 +119,34 @@ def wait_for(what: Callable[[], bool], seconds: float, every: float = 0.2) -> bo
             return True
         time.sleep(every)
     return what()
+
+
+def free_port() -> int:
+    """A TCP port free on this host now: for a process group's store."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawned_ranks(target: Callable[..., None], world: int, *args: Any, answers: int) -> list[Any]:
+    """Run `target(rank, world, port, *args, out)` in `world` fresh processes (spawn: no state of
+    the test's own process), as a job's ranks on one free port; the first `answers` items they
+    put on `out` (each within 240 s), once every process has ended with exit code 0."""
+    import multiprocessing  # here: most tests start no such ranks
+
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    port = free_port()
+    ranks = [
+        context.Process(target=target, args=(r, world, port, *args, out)) for r in range(world)
+    ]
+    for p in ranks:
+        p.start()
+    got = [out.get(timeout=240) for _ in range(answers)]
+    for p in ranks:
+        p.join(30)
+        assert p.exitcode == 0, p.exitcode
+    return got
 
 
 def alive(pid: int) -> bool:

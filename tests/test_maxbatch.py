@@ -11,7 +11,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from kit import spawned_ranks
 from torch import nn
 
 from core import strategies
@@ -108,24 +108,12 @@ def _job_process(rank: int, world: int, port: int, cases: list[list[str]], out: 
 def _search(*cases: list[str], world: int = 2) -> list[dict[int, tuple[Any, Any]]]:
     """For each case (its settings), each rank's (largest batch, trials or error), from real
     job processes."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    context = multiprocessing.get_context("spawn")
-    out = context.Queue()
-    ranks = [
-        context.Process(target=_job_process, args=(r, world, port, list(cases), out))
-        for r in range(world)
-    ]
-    for p in ranks:
-        p.start()
     results: list[dict[int, tuple[Any, Any]]] = [{} for _ in cases]
-    for _ in range(world * len(cases)):
-        case, rank, found, trials = out.get(timeout=240)  # each search ends in time
+    answers = world * len(cases)  # each search ends in time
+    for case, rank, found, trials in spawned_ranks(
+        _job_process, world, list(cases), answers=answers
+    ):
         results[case][rank] = (found, trials)
-    for p in ranks:
-        p.join(30)
-        assert p.exitcode == 0, p.exitcode
     return results
 
 

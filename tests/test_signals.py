@@ -8,13 +8,12 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from kit import REPO, SMALL, kit
+from kit import REPO, SMALL, free_port, kit
 from paced import LASTING
 
 from core import runfolder, slurm
@@ -149,9 +148,7 @@ def test_a_cancelled_rank_ends_at_once_while_it_waits_for_a_stalled_peer(tmp_pat
         f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data",
     )  # fmt: skip
     run_dir = Path(prepared.stdout.strip().splitlines()[-1])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     dist = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
     ranks = [
         subprocess.Popen(

@@ -5,10 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import multiprocessing
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from kit import REPO, SMALL, alive, kit, records, run_folder, wait_for
+from kit import REPO, SMALL, alive, kit, records, run_folder, spawned_ranks, wait_for
 from paced import LASTING
 
 from core.settings.schema import ConfigError
@@ -401,11 +399,11 @@ def test_the_launcher_counts_visible_gpus_as_torch_does(visible: str | None, exp
 # --- train.stopping.StopSignals: how often the ranks ask about a stop ---------------------------
 
 
-def _asking_rank(rank: int, port: int, out: Any) -> None:
+def _asking_rank(rank: int, world: int, port: int, out: Any) -> None:
     """One rank of a gloo group of two: rank 0's steps take 2 s, rank 1's 5 ms, and rank 1 holds
     a real SIGTERM; what each rank agrees at three asks."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank))
-    os.environ["WORLD_SIZE"] = "2"
+    os.environ["WORLD_SIZE"] = str(world)
     dist.init_process_group("gloo", init_method="env://")
     try:
         stops = StopSignals()
@@ -425,18 +423,7 @@ def test_ranks_agree_to_ask_about_a_stop_as_often_as_the_slowest_steps_need() ->
     """Slow steps ask at every step, so a SIGTERM is acted on within a step of it (Slurm kills
     KillWait after); fast ones every MAX_ASK_EVERY; the epoch's end keeps the count. Every rank
     agrees on both the stop and the count, the slowest rank's, as the next ask must be shared."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    context = multiprocessing.get_context("spawn")
-    out = context.Queue()
-    ranks = [context.Process(target=_asking_rank, args=(r, port, out)) for r in range(2)]
-    for p in ranks:
-        p.start()
-    seen = dict(out.get(timeout=120) for _ in ranks)
-    for p in ranks:
-        p.join(30)
-        assert p.exitcode == 0, p.exitcode
+    seen = dict(spawned_ranks(_asking_rank, 2, answers=2))
     preempted = stopping.PREEMPTED  # seen once, it stands at every later ask
     expected = [(preempted, 1), (preempted, 1), (preempted, stopping.MAX_ASK_EVERY)]
     assert seen == {0: expected, 1: expected}
