@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -408,8 +409,10 @@ def _asking_rank(rank: int, world: int, port: int, out: Any) -> None:
     try:
         stops = StopSignals()
         stops.join()
-        if rank == 1:
-            os.kill(os.getpid(), signal.SIGTERM)  # held from StopSignals() on: noted, not fatal
+        if rank == 1:  # held from StopSignals() on: noted, not fatal. Sent to this thread, which
+            # blocks it: threads started before (torch's, gloo's) do not, and one of them would
+            # take a process-wide SIGTERM, noted only once this thread runs the handler.
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
         seen = []
         for steps, per_step in ((4, (2.0, 0.005)[rank]), (0, 0.0), (8, 0.005)):
             stops.asked_at = time.monotonic() - steps * per_step
