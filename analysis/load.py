@@ -134,6 +134,7 @@ SETTINGS: dict[str, Callable[[Config, dict[str, Any]], Any]] = {
     "test_samples": lambda cfg, start: start["test_samples"],
     "nodes": lambda cfg, start: cfg.cluster.nodes,
     "gpus_per_node": lambda cfg, start: cfg.cluster.gpus_per_node,
+    "cpus_per_gpu": lambda cfg, start: cpus_per_gpu(cfg, start),
     "speed_options": lambda cfg, start: speed_options(cfg),
     "other_settings": lambda cfg, start: other_settings(cfg),
 }
@@ -149,6 +150,16 @@ OTHER_SETTINGS = (
     "data.pin_memory",
     "dist.backend",
 )
+
+
+def cpus_per_gpu(cfg: Config, start: dict[str, Any]) -> float:
+    """The CPUs each GPU's share of the work had: a process's CPUs (its Slurm job's word, else
+    the config's) over the GPUs it drives. DP's one process with 8 CPUs for 4 GPUs compares with
+    DDP's ranks of 2 each; a DP process with 2 for 4 does not."""
+    asked = start.get("cpus_asked")
+    if not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
+        return float(cfg.cluster.cpus_per_task)  # already per GPU
+    return asked / strategies.of(cfg).gpus_per_task(cfg.cluster.gpus_per_node)
 
 
 def other_settings(cfg: Config) -> str:
@@ -519,6 +530,7 @@ def _row(
         **{name: read(cfg, start) for name, read in SETTINGS.items()},
         "device_name": start["device_name"],
         "gpus": sum(int(s.get("gpu_count") or 0) for s in starts),
+        "placement": start.get("placement") or "",  # what was wrong with its CPUs or GPUs
         "torch": start["torch"],
         "model_family": model_label(cfg, width=False),  # what a largest-model search joins
         "runs": 1,

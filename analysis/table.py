@@ -193,7 +193,7 @@ def heading(group: Group) -> str:
         f"{k['model']}, global batch {k['global_batch']}, {k['epochs']} epochs, "
         f"target accuracy {100 * k['target_accuracy']:g} %, "
         f"grad accum {k['grad_accum_steps']}, {k['precision']}, {_optimizer(k)}"
-        f"{k['nodes']} node(s) × {k['gpus_per_node']} GPUs/node, "
+        f"{k['nodes']} node(s) × {k['gpus_per_node']} GPUs/node, {k['cpus_per_gpu']:g} CPUs/GPU, "
         f"speed options: {k['speed_options']}{_other(k)} | "
         f"hardware: {k['device_name']}, {gpus}, torch {k['torch']}"
     )
@@ -224,10 +224,23 @@ def headings(group: Group) -> dict[str, str]:
 
 
 def notes(group: Group) -> list[str]:
-    """What a column means in this group where its label alone would mislead (no GPU)."""
-    if group.key["gpus"]:
+    """What a column means in this group where its label alone would mislead (no GPU), and the
+    runs whose ranks had fewer CPUs than asked or shared a GPU."""
+    said = [] if group.key["gpus"] else [
+        f"Note: {COLUMNS[m].cpu_note}." for m in group.columns if COLUMNS[m].cpu_note
+    ]  # fmt: skip
+    return said + _placement_notes(group)
+
+
+def _placement_notes(group: Group) -> list[str]:
+    runs = group.runs
+    if "placement" not in runs:
         return []
-    return [f"Note: {COLUMNS[m].cpu_note}." for m in group.columns if COLUMNS[m].cpu_note]
+    placed = runs[runs["placement"].fillna("").astype(str) != ""]
+    return [
+        f"Warning: {run['run_id']} ({run['mode']}): {run['placement']}."
+        for _, run in placed.iterrows()
+    ]
 
 
 TIME_TO_ACCURACY = ("tta_s", "tta_data_s")  # NaN when no epoch reached the target

@@ -657,6 +657,9 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
         "startup_parts": (dict, type(None)),
         "resumed_at_batch": _MAYBE_INT,
         "bytecode_cached": (bool, type(None)),
+        **dict.fromkeys(("cpus", "placement"), _MAYBE_TEXT),
+        **dict.fromkeys(("cpus_usable", "cpus_asked"), _MAYBE_INT),
+        "gpu_ids": (list, type(None)),
     },
     "epoch": {
         "epoch": _INT,
@@ -688,7 +691,7 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
         "reason": _TEXT,
         **dict.fromkeys(("epoch", "batches", "requeues_used"), _INT),
         "requeue": (str, int, type(None)),
-        "slurm_state": _MAYBE_TEXT,
+        **dict.fromkeys(("slurm_state", "not_requeued"), _MAYBE_TEXT),
     },
     "error": {
         **dict.fromkeys(("error", "host", "traceback_tail"), _TEXT),

@@ -320,6 +320,36 @@ def srun_takes(option: str) -> bool:
     return done is None or done.returncode != 0 or option in done.stdout
 
 
+EXPEDITE_SINCE = (25, 11)  # the release that brought sbatch --requeue=expedite
+
+
+def expedite_refused() -> str:
+    """Why this cluster would refuse `sbatch --requeue=expedite` ('' where it takes it, or where
+    Slurm cannot say: sbatch then decides): older releases refuse the option's value, and a
+    cluster that does not allow expedited requeues refuses the job."""
+    version = _run("sbatch", "--version")
+    found = re.search(r"(\d+)\.(\d+)\S*", version.stdout) if version else None
+    if found and (int(found[1]), int(found[2])) < EXPEDITE_SINCE:
+        return f"this cluster runs Slurm {found[0]}; expedited requeue came with Slurm 25.11"
+    config = _run("scontrol", "show", "config")
+    if not config or config.returncode != 0:
+        return ""
+    allowed = re.search(r"^SlurmctldParameters\s*=.*enable_expedited_requeue", config.stdout, re.M)
+    if not allowed:
+        return (
+            "this cluster does not allow it (SlurmctldParameters has no enable_expedited_requeue)"
+        )
+    return ""
+
+
+def expedites(job_id: str) -> bool | None:
+    """Whether the job was submitted with --requeue=expedite; None where Slurm cannot say."""
+    done = _run("scontrol", "show", "job", job_id)
+    if not done or done.returncode != 0:
+        return None
+    return "ExpeditedRequeue=Yes" in done.stdout
+
+
 ALREADY_ENDED = "already ended"
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from core import container, datafiles, processes, runfolder, strategies
+from core import container, datafiles, processes, runfolder, slurm, strategies
 from core.cli import (
     ENDING,
     ArgumentParser,
@@ -27,7 +27,7 @@ from core.cli import (
 )
 from core.errors import KitError
 from core.settings.loading import load_config, read_override, to_yaml
-from core.settings.schema import Config, ConfigError
+from core.settings.schema import Config, ConfigError, Requeue
 from core.strategies import STRATEGIES
 
 
@@ -427,6 +427,7 @@ def _prepare(args: argparse.Namespace) -> int:
     cfg = _resolve(args)
     root = runfolder.check_root(cfg.output.root)
     job_id = os.environ.get("SLURM_JOB_ID")
+    _check_expedited(cfg, job_id)
     # A requeued batch job runs its script again: it goes on in the folder its first run made.
     restarted = os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0")
     run_dir = runfolder.find_for_job(root, job_id) if restarted and job_id else None
@@ -442,6 +443,22 @@ def _prepare(args: argparse.Namespace) -> int:
     else:
         print(run_dir)
     return 0
+
+
+def _check_expedited(cfg: Config, job_id: str | None) -> None:
+    """sbatch reads its options before the script runs, so a setting given to the script cannot
+    make the job expedited: refuse one the job was not submitted with, naming how it is."""
+    if (
+        cfg.cluster.requeue != Requeue.expedite
+        or not job_id
+        or slurm.expedites(job_id) is not False
+    ):
+        return
+    raise ConfigError(
+        f"cluster.requeue=expedite, but job {job_id} was submitted without it, and sbatch reads "
+        "its options before the script runs: submit with `sbatch --requeue=expedite "
+        "slurm/ddp.sbatch …` (Slurm 25.11+), or drop cluster.requeue=expedite"
+    )
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -484,14 +501,16 @@ def _status(args: argparse.Namespace) -> int:
     tasks = processes.task_table()  # and every local job's processes, read once
     for folder in folders:
         try:
-            row = status(folder, known, tasks).row()
+            found = status(folder, known, tasks)
         except runfolder.RunFolderError as err:  # one bad folder does not hide the others
             if len(folders) == 1:
                 raise  # nothing else to show: an error, not a table of one unreadable row
             print(f"warning: {err}", file=sys.stderr)
             rows.append(unreadable(folder).row())
             continue
-        rows.append(row)
+        rows.append(row := found.row())
+        if found.placement:  # whatever its state: its figures are not what was asked for
+            failures.append(f"{folder.name}: {found.placement}")
         state = row[HEADER.index("STATE")]
         if state not in _GOING_WELL and (line := failure_line(folder)):
             failures.append(line)  # only runs that went wrong: it reads every rank's records

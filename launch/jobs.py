@@ -33,9 +33,10 @@ class RunStatus:
     nodes: str
     elapsed: str
     last_epoch: str
+    placement: str | None = None  # what was wrong with the ranks' CPUs or GPUs: not a column
 
     def row(self) -> list[str]:
-        return list(astuple(self))
+        return list(astuple(self))[: len(HEADER)]
 
 
 HEADER = ["RUN", "MODE", "BACKEND", "JOB", "STATE", "NODES", "ELAPSED", "EPOCH"]
@@ -80,9 +81,11 @@ def status(
         # are whole (`resume` says it has finished, `summarize` counts it)
     if state == "COMPLETED" and diverged_epoch(records) is not None:
         state = "DIVERGED"  # it ended as planned, but its loss became NaN or infinite
+    start = next(iter(runfolder.of_kind(records, "start")), {})
     return RunStatus(
-        run_dir.name, mode, backend, job_id, state, nodes, elapsed, _last_epoch(records)
-    )
+        run_dir.name, mode, backend, job_id, state, nodes, elapsed, _last_epoch(records),
+        start.get("placement"),
+    )  # fmt: skip
 
 
 SIGSTOPPED = "SIGSTOPPED"
@@ -205,14 +208,27 @@ def notes(run_dir: Path, state: str) -> list[str]:
         summary = runfolder.of_kind(records, "summary")[-1]
         lines.append(f"{run_dir.name}: diverged: {diverged_words(summary)}")
     if state == "TIMEOUT":
-        limit = runfolder.read_config(run_dir).cluster.max_requeues
-        start = next(iter(runfolder.of_kind(records, "start")), {})
         lines.append(
-            f"{run_dir.name}: stopped at its time limit after {start.get('restarts', 0)} "
-            f"requeue(s) (cluster.max_requeues={limit}): continue with "
+            f"{run_dir.name}: {_timeout_words(run_dir, records)}: continue with "
             f"`python -m launch resume {run_dir}`"
         )
     return lines
+
+
+def _timeout_words(run_dir: Path, records: list[dict[str, Any]]) -> str:
+    """Why a run that reached its time limit was not requeued, as its last attempt said."""
+    stop = next(reversed(runfolder.of_kind(records, "stop")), None)
+    if stop is None:  # ended at the limit before its stop at the lead (a long start-up, a hang)
+        return "reached its time limit before it could stop and save (no stop record)"
+    if stop.get("not_requeued"):
+        return f"stopped at its time limit, not requeued: {stop['not_requeued']}"
+    # A kit before requeues went on by progress: the hard cap was its one reason.
+    limit = runfolder.read_config(run_dir).cluster.max_requeues
+    start = next(iter(runfolder.of_kind(records, "start")), {})
+    return (
+        f"stopped at its time limit after {start.get('restarts', 0)} requeue(s) "
+        f"(cluster.max_requeues={limit})"
+    )
 
 
 def log_files(run_dir: Path, rank: int | None) -> list[Path]:

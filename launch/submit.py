@@ -47,6 +47,7 @@ from core.settings.schema import (
     ConfigError,
     ContainerRuntime,
     GpuBinding,
+    Requeue,
 )
 from launch.jobs import diverged_words, process_identity
 
@@ -116,11 +117,29 @@ def check_submission(cfg: Config, dry_run: bool = False) -> Backend:
         )
     runfolder.check_root(cfg.output.root)
     _check_container(cfg, backend, dry_run)
+    _check_requeue(cfg, backend, dry_run)
     datafiles.check_data(cfg)
     _check_factories(cfg)
     if backend == Backend.local:
         check_hardware(cfg, _local_gpus(), tasks_per_node(cfg))
     return backend
+
+
+def _check_requeue(cfg: Config, backend: Backend, dry_run: bool) -> None:
+    """An expedited requeue where this cluster takes it (a dry run shows the line regardless)."""
+    if cfg.cluster.requeue != Requeue.expedite:
+        return
+    if backend == Backend.local:
+        raise ConfigError(
+            "cluster.requeue=expedite asks Slurm for an expedited requeue; the local backend "
+            "requeues nothing: drop it, or use cluster.backend=slurm"
+        )
+    refused = "" if dry_run else slurm.expedite_refused()
+    if refused:
+        raise ConfigError(
+            f"cluster.requeue=expedite, but {refused}: drop it (cluster.requeue=normal), or ask "
+            "the cluster's admins for SlurmctldParameters=enable_expedited_requeue on Slurm 25.11+"
+        )
 
 
 def _check_container(cfg: Config, backend: Backend, dry_run: bool) -> None:
@@ -338,13 +357,16 @@ def slurm_parameters(cfg: Config, run_name: str) -> dict[str, Any]:
         # One rank failing ends the job, not a hang. A typed --gpus-per-task reaches the step
         # untyped: under Slurm 22.05 a step that inherits `a100:1` is bound to no GPU at all
         # (measured on the test cluster); the allocation already holds the type.
+        # srun is told the CPUs per task: Slurm 22.05 and 23.02 do not pass the job's on to
+        # it, and where tasks are bound to CPUs each would get one core.
         "srun_args": [
             "--kill-on-bad-exit=1",
+            f"--cpus-per-task={cpus_per_task(cfg)}",
             *(["--gpus-per-task=1"] if "gpus_per_task" in gpus and typed else []),
             *container.srun_options(cfg),
         ],
         # Requeueable: on the warning signal the job saves and asks Slurm to requeue it.
-        "additional_parameters": {"requeue": True, **c.sbatch_extra},
+        "additional_parameters": {"requeue": _REQUEUE[c.requeue], **c.sbatch_extra},
         **gpus,
         **({"mem": f"{c.mem_gb}GB"} if c.mem_gb else {}),
         **({"exclusive": True} if c.exclusive else {}),
@@ -352,9 +374,15 @@ def slurm_parameters(cfg: Config, run_name: str) -> dict[str, Any]:
     }
 
 
+# sbatch's --requeue (a bare flag) or --requeue=expedite, by cluster.requeue.
+_REQUEUE: dict[Requeue, bool | str] = {Requeue.normal: True, Requeue.expedite: "expedite"}
+
+
 def make_executor(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Executor:
     logs = runfolder.logs_dir(run_dir)
     if backend == Backend.slurm:
+        # submitit's count of requeues (its max_num_timeout) falls only in the handler the
+        # kit calls, after its own checks (`train.stopping.not_requeued`): the kit decides.
         slurm = submitit.SlurmExecutor(
             folder=logs, max_num_timeout=cfg.cluster.max_requeues, python=task_python(cfg)
         )
@@ -637,9 +665,10 @@ def _failed(job: submitit.Job[Any], run_dir: Path, error: str, say: Callable[[st
     `error`, what submitit or Slurm said)."""
     stop = _planned_stop(run_dir)
     if stop:  # stopped on purpose and saved: no failure, and no traceback
+        why = f"; not requeued: {stop['not_requeued']}" if stop.get("not_requeued") else ""
         say(
             f"job {job.job_id} stopped ({stop['reason']}), saved in epoch {stop['epoch']} "
-            f"after batch {stop['batches']}; {continue_words(run_dir)}"
+            f"after batch {stop['batches']}{why}; {continue_words(run_dir)}"
         )
         return EXIT_FAILED
     first = runfolder.first_failure(run_dir)
@@ -951,6 +980,8 @@ def _show_epochs(run_dir: Path, shown: _Shown, say: Callable[[str], None]) -> No
         if shown.attempt is not None:
             say(f"resumed at epoch {first}, batch {batch}")
         say(_started_words(start) + _cache_words(start.get("compile_cache")))
+        if start.get("placement"):
+            say(f"warning: {start['placement']}")
         shown.attempt, shown.last = start["time"], min(shown.last, first - 1)
     world, total = (start["world_size"], start["epochs"]) if start else (1, "?")
     for r in epochs[shown.last :]:
@@ -1093,7 +1124,7 @@ def _local_sweep(
 def _slurm_sweep(
     cfgs: list[Config], commands: list[list[str]], parallel: int | None
 ) -> Iterator[tuple[Path, submitit.Job[Any]]]:
-    """One array per MaxArraySize runs (the cluster's limit on an array's indices), each made,
+    """One array per allocation shape and MaxArraySize runs (`_arrays`), each made,
     submitted and recorded in turn; an array Slurm refuses takes its run folders with it, and
     says how many went in. A signal ends the sweep before the next run folder; the runs in the
     queue are the caller's (yielded) and recorded by then. A second signal ends it at once
@@ -1102,14 +1133,13 @@ def _slurm_sweep(
     held = HeldSignals()  # from the first run folder until the caller has every run
     held.hold()
     try:
-        size = slurm.max_array_size() or len(cfgs)
-        for start in range(0, len(cfgs), size):
-            part = _array_folders(cfgs[start : start + size], commands[start : start + size], held)
+        for start, end in _arrays(cfgs, slurm.max_array_size() or len(cfgs)):
+            part = _array_folders(cfgs[start:end], commands[start:end], held)
             if held.signum is not None:  # the caller says how many went in
                 _discard_array(part, made)
                 break
             try:
-                jobs = _array(cfgs[start : start + size], part, parallel)
+                jobs = _array(cfgs[start:end], part, parallel)
             except SubmitError as err:
                 _discard_array(part, made)
                 went = f"; the first {start} runs were submitted (`launch status`)" if start else ""
@@ -1122,6 +1152,26 @@ def _slurm_sweep(
         held.release()
     if held.signum is not None:
         raise Interrupted(held.signum)
+
+
+def _arrays(cfgs: list[Config], size: int) -> Iterator[tuple[int, int]]:
+    """The sweep's arrays, as (first, end) of its points: points in a row that ask Slurm for the
+    same allocation share one, cut at the cluster's MaxArraySize (its limit on an array's
+    indices). A sweep of dp,ddp is a DP array (one task per node with all of its CPUs, as a lone
+    `submit --mode dp` gets) and a DDP array (a task per GPU), whose figures compare alike."""
+    first = 0
+    while first < len(cfgs):
+        end, shape = first + 1, _allocation(cfgs[first])
+        while end < len(cfgs) and end - first < size and _allocation(cfgs[end]) == shape:
+            end += 1
+        yield first, end
+        first = end
+
+
+def _allocation(cfg: Config) -> str:
+    """What an element asks sbatch for, its name aside: elements alike share an array."""
+    asked = slurm_parameters(cfg, "")
+    return repr(sorted((key, value) for key, value in asked.items() if key != "job_name"))
 
 
 def _array_folders(cfgs: list[Config], commands: list[list[str]], held: HeldSignals) -> list[Path]:
@@ -1161,10 +1211,11 @@ def _array(
 def _array_executor(
     cfgs: list[Config], logs: Path, first: Path, parallel: int | None
 ) -> submitit.SlurmExecutor:
-    """The one array's executor: the DDP shape, its elements started as every job's tasks are."""
+    """One array's executor (its elements ask for one allocation alike: `_arrays`), its
+    elements started as every job's tasks are."""
     # Each element checks its own cluster.max_requeues first; submitit's count must not end it sooner.
     most = max(c.cluster.max_requeues for c in cfgs)
-    shape = _array_shape(cfgs)
+    shape = cfgs[0]
     executor = submitit.SlurmExecutor(folder=logs, max_num_timeout=most, python=task_python(shape))
     executor.update_parameters(**slurm_parameters(shape, f"sweep-{first.name}"))
     # No --parallel: every element may run at once (submitit's own default caps an array at 256).
@@ -1182,6 +1233,15 @@ def sweep_dry_run(cfgs: list[Config], parallel: int | None = None) -> str:
     if resolve_backend(cfgs[0].cluster.backend) == Backend.local:
         at_once = parallel or 1
         return f"{head}backend: local (submitit LocalExecutor), {at_once} run(s) at a time\n"
+    arrays = list(_arrays(cfgs, len(cfgs)))  # the cluster's MaxArraySize is not asked for
+    said = [f"{head}backend: slurm (submitit SlurmExecutor), {len(arrays)} array(s)\n"]
+    for first, end in arrays:
+        script = _array_script(cfgs[first:end], run_dirs[first:end], parallel)
+        said.append(f"\narray of points {first}-{end - 1}:\n{script}")
+    return "".join(said)
+
+
+def _array_script(cfgs: list[Config], run_dirs: list[Path], parallel: int | None) -> str:
     with (
         tempfile.TemporaryDirectory(prefix="kit-dry-run-") as scratch,
         _stand_in_sbatch(Path(scratch)) as captured,
@@ -1189,23 +1249,4 @@ def sweep_dry_run(cfgs: list[Config], parallel: int | None = None) -> str:
         logs = Path(scratch) / "logs"
         executor = _array_executor(cfgs, logs, run_dirs[0], parallel)
         executor.map_array(ArrayElement(), [str(d) for d in run_dirs])
-        script = captured.read_text().replace(str(logs), str(runfolder.sweep_logs_dir(run_dirs[0])))
-    return f"{head}backend: slurm (submitit SlurmExecutor), one array of {len(cfgs)}\n\n{script}"
-
-
-def _array_shape(cfgs: list[Config]) -> Config:
-    """One allocation fits every element: the DDP shape (DP elements use task 0 alone)."""
-    shapes = {(c.cluster.nodes, c.cluster.gpus_per_node, c.cluster.gpu_binding) for c in cfgs}
-    if len(shapes) > 1:
-        raise ConfigError(
-            f"a sweep's elements must share nodes, GPUs per node and binding; got {sorted(shapes)}"
-        )
-    if len({repr(c.cluster.container) for c in cfgs}) > 1:
-        raise ConfigError("a sweep's elements run in one container: sweep no cluster.container key")
-    ddp = next((c for c in cfgs if strategies.of(c).per_gpu), cfgs[0])
-    one_per_node = any(not strategies.of(c).per_gpu for c in cfgs)
-    if one_per_node and ddp.cluster.gpu_binding == GpuBinding.task:
-        raise ConfigError(
-            "a sweep with DP needs cluster.gpu_binding=node: DP's task must see all GPUs"
-        )
-    return ddp
+        return captured.read_text().replace(str(logs), str(runfolder.sweep_logs_dir(run_dirs[0])))

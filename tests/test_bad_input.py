@@ -191,6 +191,12 @@ CASES = [
         commands=SUBMIT_ONLY,
     ),
     Case(
+        "expedited requeue on the local backend",
+        ("cluster.requeue=expedite",),
+        ("cluster.requeue=expedite asks Slurm", "the local backend requeues nothing: drop it"),
+        commands=SUBMIT_ONLY,
+    ),
+    Case(
         "apptainer not here",
         ("cluster.container.image=docker://pytorch/pytorch",),
         ("`apptainer` is not on PATH", "module load apptainer"),

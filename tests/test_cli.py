@@ -132,7 +132,14 @@ def test_sweep_dry_run_prints_each_point_and_the_array_script(tmp_path: Path) ->
         "point 3: mode=ddp train.lr=0.2",
     ]
     assert sum(line.startswith("run folder (made on submit): ") for line in lines) == 4
-    assert "#SBATCH --array=0-3%4" in lines
+    # DP's points ask for DP's allocation (one task with the node's CPUs), DDP's for a task per
+    # GPU: an array each, and srun told each one's CPUs per task.
+    dp, ddp = done.stdout.split("array of points 0-1:\n")[1].split("array of points 2-3:\n")
+    for script, tasks, cpus in ((dp, 1, 8), (ddp, 4, 2)):
+        assert "#SBATCH --array=0-1%2" in script
+        assert f"#SBATCH --ntasks-per-node={tasks}\n" in script
+        assert f"#SBATCH --cpus-per-task={cpus}\n" in script
+        assert f"--kill-on-bad-exit=1 --cpus-per-task={cpus} " in script
     # Every element's tasks start as a job's do: the stop signals held before Python loads.
     assert "-m train.start -u -m submitit.core._submit" in done.stdout
     assert not (tmp_path / "runs").exists()  # nothing made, nothing submitted

@@ -32,3 +32,12 @@ def test_dry_run_script_matches_the_golden_file(tmp_path: Path) -> None:
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text()
     assert not any(tmp_path.iterdir())  # a dry run creates no run folder
+
+
+def test_dry_run_asks_slurm_for_an_expedited_requeue_where_set(tmp_path: Path) -> None:
+    """cluster.requeue=expedite becomes sbatch's `--requeue=expedite` (Slurm 25.11: the requeued
+    job may start again at once, first in the queue); a dry run shows it without asking Slurm."""
+    done = kit(*ARGS, "cluster.requeue=expedite", f"output.root={tmp_path}")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "#SBATCH --requeue=expedite" in lines and "#SBATCH --requeue" not in lines

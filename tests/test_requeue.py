@@ -1,6 +1,7 @@
 """Jobs that survive Slurm: requeued at the time limit (submitit's path and the sbatch script's),
-preempted and then out of requeues, each ending with exactly the parameters of the same run
-uninterrupted (CPU, gloo)."""
+attempt after attempt for as long as each saves progress, preempted and then out of requeues, each
+ending with exactly the parameters of the same run uninterrupted (CPU, gloo); a run whose attempts
+save nothing new ends at its time limit, saying why."""
 
 from __future__ import annotations
 
@@ -9,13 +10,18 @@ import sys
 import threading
 import time
 import typing
-from functools import partial
 from pathlib import Path
 
 import pytest
-from kit import REPO, kit, run_folder
+from kit import REPO, kit, kit_started, run_folder
 from paced import PACED, SLOW_PACED
-from slurm_cluster import SlurmCluster, release_hold, wait_job_releasing_holds
+from slurm_cluster import (
+    FINAL_STATES,
+    SlurmCluster,
+    job_state,
+    release_hold,
+    wait_job_releasing_holds,
+)
 from test_resume import DDP, WORK, _attempts, _final_hashes, _wait_for, uninterrupted
 
 from core import runfolder
@@ -57,14 +63,25 @@ def test_submit_path_requeues_at_the_time_limit_and_resumes(
     assert "Requeued job" in rank0  # by submitit's own checkpoint-and-requeue handler
 
 
+ATTEMPTS = 6  # a long run on a short partition, made short: each attempt warned after an epoch
+
+
 @pytest.mark.slurm
-def test_both_paths_save_and_requeue_on_the_warning_sent_to_the_whole_job(
-    slurm_cluster: SlurmCluster, tmp_path: Path, uninterrupted: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.timeout(1200)
+def test_both_paths_requeue_a_run_attempt_after_attempt_until_it_is_done(
+    slurm_cluster: SlurmCluster,
+    tmp_path: Path,
+    uninterrupted: str,
+    monkeypatch: pytest.MonkeyPatch,
+    stalled: Stalled,
 ) -> None:
-    """The batch script's job and `launch submit`'s, sent the warning mid-run as the whole job
-    (`scancel --full`: the batch shell too, as `--signal=B:USR2` or a site's preemption warning
-    would): the batch shell lives on, the ranks save, the job requeues, finds its run folder and
-    finishes it."""
+    """The batch script's job and `launch submit`'s, with the default settings, each warned of
+    its time limit once an attempt has trained an epoch, until six attempts have started (as a
+    long run on a short partition is; the kit acts at once on a warning with far more time left
+    than its lead). Every attempt saved progress, so each requeued itself, and the job completed
+    on its own with exactly the uninterrupted run's parameters. The first warning goes to the
+    whole job (`scancel --full`: the batch shell too, as `--signal=B:USR2` or a site's preemption
+    warning would): the batch shell lives on. (`stalled` runs beside this test.)"""
     monkeypatch.setenv("KIT_PYTHON", sys.executable)  # sbatch passes the environment on
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     where = {path: [f"output.root={tmp_path}/{path}", f"data.root={tmp_path}/data"] for path in
@@ -78,22 +95,53 @@ def test_both_paths_save_and_requeue_on_the_warning_sent_to_the_whole_job(
     assert submitted.returncode == 0, submitted.stderr
     jobs = {"sbatch": done.stdout.strip().split(";")[0], "submit": submitted.stdout.split()[2]}
     assert jobs["sbatch"], done.stderr
+    states = _warn_each_attempt(slurm_cluster, {tmp_path / p: j for p, j in jobs.items()}, 900)
     for path, job_id in jobs.items():
-        _wait_for(partial(_trained, tmp_path / path), 300, f"{path}: an epoch")
-        slurm_cluster.run("scancel", "--full", "--signal=USR2", job_id)
-    for path, job_id in jobs.items():
-        state, released = wait_job_releasing_holds(job_id, 600, slurm_cluster.env)
         out = (tmp_path / f"slurm-{job_id}.out").read_text() if path == "sbatch" else path
-        assert state == "COMPLETED" and released >= 1, (state, released, out)
-        (run_dir,) = runfolder.find_runs(tmp_path / path)  # the requeued job found its folder
-        _requeued_run_checks(run_dir, uninterrupted)
+        assert states[job_id] == "COMPLETED", (states, out)
+        (run_dir,) = runfolder.find_runs(tmp_path / path)  # each requeue found its folder
+        assert _final_hashes(run_dir) == {uninterrupted}
+        assert _attempts(run_dir) >= ATTEMPTS, out
+        epochs = runfolder.of_kind(runfolder.read_rank(run_dir, 0), "epoch")
+        assert [e["epoch"] for e in epochs] == list(range(1, 13))
         assert json.loads((run_dir / "run.json").read_text())["job_id"] == job_id
 
 
-def _trained(runs: Path) -> bool:
-    return runs.is_dir() and any(
-        runfolder.of_kind(runfolder.read_rank(r, 0), "epoch") for r in runfolder.find_runs(runs)
-    )
+def _warn_each_attempt(
+    cluster: SlurmCluster, jobs: dict[Path, str], timeout: float, attempts: int = ATTEMPTS
+) -> dict[str, str]:
+    """Follow jobs (by the output.root of each) to their end: warn each of their attempts once it
+    has trained an epoch, until `attempts` have started; release Slurm's hold after each
+    requeue. Returns each job's final state."""
+    warned = dict.fromkeys(jobs.values(), 0)  # attempts warned so far
+    ended: dict[str, str] = {}
+    deadline = time.monotonic() + timeout
+    while len(ended) < len(jobs):
+        assert time.monotonic() < deadline, f"jobs still running after {timeout} s: {warned}"
+        for root, job_id in jobs.items():
+            if job_id in ended:
+                continue
+            queued = cluster.run("squeue", "-h", "-j", job_id, "-o", "%T|%r").stdout.strip()
+            release_hold(job_id, cluster.env, queued)
+            starts = _trained_attempts(root)
+            if queued.startswith("RUNNING") and warned[job_id] < starts < attempts:
+                full = ["--full"] if not warned[job_id] else []
+                cluster.run("scancel", *full, "--signal=USR2", job_id)
+                warned[job_id] = starts
+            if not queued and (state := job_state(job_id, cluster.env)) in FINAL_STATES:
+                ended[job_id] = state
+        time.sleep(0.5)
+    return ended
+
+
+def _trained_attempts(root: Path) -> int:
+    """Attempts started in the run under `root`, if its last one has trained an epoch; else 0."""
+    runs = runfolder.find_runs(root) if root.is_dir() else []
+    path = runfolder.metrics_path(runs[0], 0) if runs else None
+    raw = runfolder.read_records(path)[0] if path and path.is_file() else []
+    kinds = [r.get("kind") for r in raw]
+    last = len(kinds) - kinds[::-1].index("start") if "start" in kinds else len(kinds)
+    return kinds.count("start") if "epoch" in kinds[last:] else 0
 
 
 SHORT = ["data.train_size=1024", "data.test_size=256", "train.epochs=3", "cluster.cpus_per_task=1"]
@@ -195,6 +243,100 @@ class SlowStart(Beside):
 @pytest.fixture(scope="module")
 def slow_start(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> SlowStart:
     return SlowStart(slurm_cluster, tmp_path_factory.mktemp("slow-start"))
+
+
+class Stalled(Beside):
+    """`launch submit --wait` of a run whose attempts save nothing new (train.checkpoint=false:
+    each starts over), allowed one requeue without progress: each attempt warned once it has
+    started, the first requeues itself, the second does not and runs into the 1-minute limit."""
+
+    said = ""
+
+    def _steps(self) -> None:
+        following = kit_started(
+            "launch", "submit", *DDP, PACED, "train.checkpoint=false",
+            "cluster.requeues_without_progress=1", "cluster.backend=slurm",
+            "cluster.timeout_min=1", "cluster.signal_delay_s=5", "--wait",
+            f"output.root={self.tmp}/runs", f"data.root={self.tmp}/data",
+        )  # fmt: skip
+        assert following.stdout is not None
+        first = following.stdout.readline()  # "submitted job N"
+        assert first.startswith("submitted job "), first + following.communicate()[1]
+        job_id, warned = first.split()[2], 0
+        while following.poll() is None:
+            queued = self.cluster.run("squeue", "-h", "-j", job_id, "-o", "%T|%r").stdout
+            self.released += release_hold(job_id, self.cluster.env, queued.strip())
+            starts = self._starts()
+            if queued.startswith("RUNNING") and starts > warned:
+                self.cluster.run("scancel", "--signal=USR2", job_id)
+                warned = starts
+            time.sleep(0.5)
+        self.said = first + following.communicate()[0]
+        self.state = job_state(job_id, self.cluster.env) or ""
+
+    def _starts(self) -> int:
+        runs = runfolder.find_runs(self.tmp / "runs") if (self.tmp / "runs").is_dir() else []
+        self.run_dir = runs[0] if runs else self.run_dir
+        path = runfolder.metrics_path(self.run_dir, 0)
+        return runfolder.attempts(runfolder.read_records(path)[0]) if path.is_file() else 0
+
+
+@pytest.fixture(scope="module")
+def stalled(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Stalled:
+    return Stalled(slurm_cluster, tmp_path_factory.mktemp("stalled"))
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(1300)  # it waits for a scenario begun beside the tests before it
+def test_a_run_whose_attempts_save_nothing_new_ends_at_its_time_limit_saying_why(
+    stalled: Stalled,
+) -> None:
+    run = stalled.outcome()
+    assert run.state == "TIMEOUT" and _attempts(run.run_dir) == 2, (run.state, run.said)
+    why = (
+        "not requeued: 2 attempts in a row saved nothing new (cluster.requeues_without_progress=1; "
+        "train.checkpoint=false saves nothing)"
+    )
+    assert "stopped (time limit (SIGUSR2)), saved in epoch " in run.said, run.said
+    assert why in run.said  # --wait's last word
+    status = kit("launch", "status", str(run.run_dir)).stdout
+    assert " TIMEOUT " in status and f"stopped at its time limit, {why}" in status, status
+    rank0 = "".join(p.read_text() for p in runfolder.log_files(run.run_dir, 0))
+    assert why in rank0
+    stop = runfolder.of_kind(runfolder.read_rank(run.run_dir, 0), "stop")[-1]
+    assert stop["requeue"] is None and stop["not_requeued"] in why
+
+
+@pytest.mark.slurm
+def test_an_expedited_requeue_is_refused_where_the_cluster_cannot_take_it(
+    slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test cluster takes no `--requeue=expedite` (Slurm 22.05; 25.11 without
+    enable_expedited_requeue): `launch submit` refuses in one line before anything is made. The
+    sbatch script given the setting refuses in its first step: its job was submitted without it."""
+    where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
+    done = kit(
+        "launch", "submit", *DDP, "cluster.backend=slurm", "cluster.requeue=expedite", *where
+    )
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("error: cluster.requeue=expedite, but this cluster "), line
+    assert "drop it (cluster.requeue=normal)" in line and not (tmp_path / "runs").exists()
+    monkeypatch.setenv("KIT_PYTHON", sys.executable)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    done = slurm_cluster.run(
+        "sbatch", "--parsable", "--cpus-per-task=1", "--gpus-per-node=2", "--ntasks-per-node=2",
+        f"--output={tmp_path}/slurm-%j.out", str(REPO / "slurm/ddp.sbatch"), *WORK,
+        "cluster.requeue=expedite", *where,
+    )  # fmt: skip
+    job_id = done.stdout.strip().split(";")[0]
+    assert job_id, done.stderr
+    assert slurm_cluster.wait_job(job_id) == "FAILED"
+    out = (tmp_path / f"slurm-{job_id}.out").read_text()
+    assert f"error: cluster.requeue=expedite, but job {job_id} was submitted without it" in out
+    assert (
+        "`sbatch --requeue=expedite slurm/ddp.sbatch …`" in out and not (tmp_path / "runs").exists()
+    )
 
 
 class Preempted(Beside):

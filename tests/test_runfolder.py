@@ -208,6 +208,26 @@ def test_status_says_what_a_run_noticed_and_how_to_go_on_after_its_last_requeue(
     ) in out
 
 
+def test_status_says_why_a_run_that_saved_nothing_new_was_not_requeued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
+    cfg = load_config(overrides=[f"output.root={tmp_path}/runs"])
+    run_dir = runfolder.create(cfg, launcher="test", backend="slurm", command=[])
+    runfolder.update_meta(run_dir, job_id="4242")
+    ranks = runfolder.RecordWriter(run_dir, 0)
+    why = "3 attempts in a row saved nothing new (cluster.requeues_without_progress=2)"
+    ranks.write("start", host="node1", epochs=10, first_epoch=4, restarts=2)
+    ranks.write("stop", reason="time limit (SIGUSR2)", requeue=None, requeues_used=2,
+                not_requeued=why)  # fmt: skip
+    out = kit_here("launch", "status", str(run_dir)).stdout
+    assert " TIMEOUT " in out
+    assert (
+        f"{run_dir.name}: stopped at its time limit, not requeued: {why}: continue with "
+        f"`python -m launch resume {run_dir}`"
+    ) in out
+
+
 @pytest.mark.parametrize(
     ("errors", "named", "words"),
     [

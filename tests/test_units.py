@@ -583,3 +583,45 @@ def test_warm_up_leaves_model_optimizer_and_generators_as_it_found_them() -> Non
             s.update()
     for name, tensor in twin.state_dict().items():
         assert torch.equal(model.state_dict()[name], tensor), name
+
+
+# --- train.stopping.attempts_without_progress: requeued while each attempt saves progress ------
+
+
+def _start(first_epoch: object, batch: object = 0, job: str = "7") -> dict[str, object]:
+    return {"kind": "start", "job_id": job, "first_epoch": first_epoch, "resumed_at_batch": batch}
+
+
+REQUEUED = {"kind": "stop", "requeue": "7"}  # the kit requeued the attempt
+PREEMPTED = {"kind": "stop", "requeue": None, "slurm_state": "PREEMPTED"}  # Slurm ended it
+
+
+@pytest.mark.parametrize(
+    ("records", "resumed_from", "saved", "expected"),
+    [
+        ([_start(3, 2)], (3, 2), (3, 5), 0),  # this attempt saved beyond where it resumed
+        ([_start(3, 2)], (3, 2), (4, 0), 0),
+        ([_start(1)], (1, 0), (1, 0), 1),  # saved nothing (train.checkpoint=false: (1, 0))
+        ([_start(2), REQUEUED, _start(2), REQUEUED, _start(2)], (2, 0), (2, 0), 3),
+        # the row ends at the attempt that progressed (it saved epoch 1 whole)
+        ([_start(1), REQUEUED, _start(2), REQUEUED, _start(2)], (2, 0), (2, 0), 2),
+        # an earlier save lost: the attempt after it resumed from less, so that one saved nothing
+        ([_start(3), REQUEUED, _start(2)], (2, 0), (2, 0), 2),
+        # an attempt Slurm ended itself (a preemption) neither counts nor ends the row
+        ([_start(2), REQUEUED, _start(2), PREEMPTED, _start(2)], (2, 0), (2, 0), 2),
+        # only this job's attempts: an earlier job of the run folder (before a resume) is not
+        ([_start(2, job="6"), _start(2, job="6"), _start(2)], (2, 0), (2, 0), 1),
+        # a record of the wrong shape (a hand edit, a damaged file) tells nothing: the row ends
+        ([_start(2), _start("two"), _start(2)], (2, 0), (2, 0), 1),
+        ([_start(2), _start(2, batch=True), _start(2)], (2, 0), (2, 0), 1),
+        ([_start(2), {"kind": "start"}, _start(2)], (2, 0), (2, 0), 1),
+        ([], (2, 0), (2, 0), 1),  # no records at all: this attempt alone
+    ],
+)
+def test_attempts_without_progress_counts_the_row_this_attempt_ends(
+    records: list[dict[str, object]],
+    resumed_from: tuple[int, int],
+    saved: tuple[int, int],
+    expected: int,
+) -> None:
+    assert stopping.attempts_without_progress(records, "7", resumed_from, saved) == expected

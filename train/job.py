@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from core import processes, runfolder, strategies
+from core import placement, processes, runfolder, strategies
 from core.cli import VERBOSE, setup_logging
 from core.errors import KitError
 from core.settings.rules import check_hardware, cpus_per_task, world_size
@@ -58,17 +58,9 @@ def _log_to_stderr() -> None:
 
 
 def run_array_element(run_dir: str) -> dict[str, Any] | None:
-    """Entry point of a sweep's array element.
-
-    An array gives all its elements the same tasks per node (the DDP count); a DP element trains
-    in task 0 alone and the other tasks end at once.
-    """
-    cfg, env, started = _prologue(run_dir)
-    if not strategies.of(cfg).per_gpu and env.world_size > 1:
-        if env.rank != 0:
-            return None
-        env = dataclasses.replace(env, world_size=1, local_world_size=1)
-    return _run(cfg, env, Path(run_dir), started)
+    """Entry point of a sweep's array element: an element's allocation is its own run's shape
+    (`launch.submit._arrays`), so it runs as any job does."""
+    return run(run_dir)
 
 
 class _StandStill:
@@ -236,6 +228,7 @@ def _setup(
         stops.join()
         if dist.get_backend() == "nccl":  # its communicator now, while torch._dynamo imports
             dist.all_reduce(torch.zeros(1, device=device))
+    ctx.placement = _placement_problems(ctx, with_gpus=not searching)
     ctx.lap("process_group")
     if dynamo:  # its remainder counts with the model, as it did when DDP's constructor waited
         dynamo.join()
@@ -397,8 +390,38 @@ def _pick_device(cfg: Config, env: distenv.DistEnv) -> tuple[torch.device, int]:
 
 
 def _cpu_threads(cfg: Config, env: distenv.DistEnv) -> int:
-    """The CPUs the job asked for per task (Slurm's word, else the config's), never more than this
-    machine's cores per task: N tasks oversubscribing shared cores run at half speed or worse."""
-    asked = os.environ.get("SLURM_CPUS_PER_TASK", "")
-    wanted = int(asked) if asked.isdigit() else cpus_per_task(cfg)
-    return max(1, min(wanted, len(os.sched_getaffinity(0)) // env.local_world_size))
+    """The CPUs the job asked for per task (Slurm's word, else the config's), never more than
+    this process may use for itself: tasks oversubscribing shared cores run at half speed or worse."""
+    wanted = placement.cpus_asked() or cpus_per_task(cfg)
+    return max(1, min(wanted, placement.usable_cpus(env.local_world_size)))
+
+
+def _place(ctx: Context, with_gpus: bool) -> placement.Place:
+    """Where this rank runs: its CPUs, and the GPUs it drives by UUID (an index means nothing
+    across ranks where Slurm shows each task its own GPUs from 0)."""
+    gpus = []
+    if ctx.device.type == "cuda" and with_gpus:  # a search's process keeps off the GPUs
+        first = 0 if ctx.gpus > 1 else ctx.device.index or 0
+        for index in range(first, first + max(ctx.gpus, 1)):
+            gpus.append(str(torch.cuda.get_device_properties(index).uuid))
+    return placement.Place(
+        rank=ctx.env.rank,
+        node=os.environ.get("SLURMD_NODENAME", socket.gethostname()),
+        cpus=placement.affinity(),
+        usable=placement.usable_cpus(ctx.env.local_world_size),
+        asked=placement.cpus_asked(),
+        gpus=gpus,
+    )
+
+
+def _placement_problems(ctx: Context, with_gpus: bool) -> str | None:
+    """Rank 0's one line on every rank's place (None elsewhere, and where all is well): the
+    ranks' places gathered over the process group, one small message each."""
+    place = _place(ctx, with_gpus)
+    ctx.place = place.as_dict()
+    places = [place]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, place)
+        places = gathered
+    return placement.problems(places) if ctx.env.is_main else None

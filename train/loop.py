@@ -62,6 +62,8 @@ def train(ctx: Context, started: float) -> dict[str, Any]:
     scaler = torch.amp.GradScaler(enabled=cfg.train.precision == Precision.fp16)
     torch.manual_seed(cfg.train.seed + env.rank)  # different dropout masks per rank
     progress = _restore(ctx, model, optimizer, scaler)
+    # Where a stop's progress counts from: an attempt that saves nothing new is not requeued.
+    ctx.stops.resumed_from = (progress.epoch, progress.batches)
     cache = compile_cache.path_for(cfg, ctx.device)
     cache_state = compile_cache.load(cache) if cache else None  # before the first compile
     step = _step(ctx, model, optimizer, scaler)

@@ -49,6 +49,8 @@ class Context:
     startup: dict[str, float] = dataclasses.field(default_factory=dict)
     last_mark: float = dataclasses.field(default_factory=time.time)
     parameters: int = 0  # the model's, whole
+    place: dict[str, Any] = dataclasses.field(default_factory=dict)  # its CPUs and GPUs
+    placement: str | None = None  # rank 0: what is wrong with the ranks' places, if anything
 
     def lap(self, phase: str) -> None:
         now = time.time()
@@ -85,6 +87,11 @@ def start_record(ctx: Context, train_samples: int, test_samples: int) -> dict[st
         "torch": torch.__version__,
         "python": platform.python_version(),
         "threads": torch.get_num_threads(),
+        "cpus": ctx.place.get("cpus"),
+        "cpus_usable": ctx.place.get("usable"),
+        "cpus_asked": ctx.place.get("asked"),
+        "gpu_ids": ctx.place.get("gpus"),
+        "placement": ctx.placement,
         "per_rank_batch": per_rank_batch(cfg),
         "global_batch": cfg.train.global_batch_size,
         "epochs": cfg.train.epochs,

@@ -4,7 +4,8 @@ On the warning signal before the time limit (SIGUSR2) or on SIGTERM (preemption)
 sets a flag. The loop asks all ranks, about once a second at an optimizer step, whether any saw one
 (one small all-reduce), so every rank stops after the same step; the state is saved and the job is
 requeued (through submitit's own handler on the submitit path, `scontrol requeue` on the sbatch
-path), up to cluster.max_requeues times; the restarted job resumes from the checkpoint by itself.
+path) for as long as its attempts save progress (`not_requeued`); the restarted job resumes from
+the checkpoint by itself.
 Saving inside a signal handler can hang a collective, and a handler on rank 0 alone leaves the
 others running.
 """
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger("train")
+
+# Where training stands, as a checkpoint saves it: (epoch, batches of it done); START: nothing.
+Position = tuple[int, int]
+START: Position = (1, 0)
 
 # Why a job stops early, as agreed by all ranks; a larger code wins when ranks disagree.
 NONE, TIME_LIMIT, PREEMPTED = 0, 1, 2
@@ -70,6 +75,9 @@ class StopSignals:
         self.group: Any = None  # the process group the flag travels on: a CPU (gloo) one
         self.deadline: float | None = None  # a time-limit stop put off until then (`due`)
         self.every = 1  # optimizer steps between two asks, agreed by all ranks at each ask
+        # Where this attempt resumed from (epoch, batches done in it): the loop sets it at its
+        # start; a stop compares what it saves with it (`not_requeued`).
+        self.resumed_from: Position = START
         self.asked_at: float | None = None  # time.monotonic() of the last ask
         # Under submitit these are its handlers: the loop hands the requeue back to them.
         self.before = early.hold()
@@ -307,10 +315,11 @@ def stop(
             f"stopped by {words} at {where}, checkpoint saved: continue with "
             f"`python -m launch resume {ctx.run_dir}`"
         )
-    if restarts() >= cfg.cluster.max_requeues:
-        return _out_of_requeues(ctx, reason, progress, where)
-    if reason == PREEMPTED:
+    if reason == PREEMPTED:  # first: where Slurm ends the job, Slurm decides whether it comes back
         _leave_to_slurm_if_ending(ctx, reason, progress, job_id, where)
+    why_not = ctx.stops.from_main(not_requeued(ctx, progress) if ctx.env.is_main else "")
+    if why_not:
+        return _out_of_requeues(ctx, reason, progress, where, why_not)
     problem = _requeue(ctx, job_id) if ctx.env.is_main else ""
     _write_stop(ctx, reason, progress, requeue=job_id)
     if problem:
@@ -343,7 +352,7 @@ def _leave_to_slurm_if_ending(
     state = ctx.stops.from_main(slurm.queue_state(job_id) if ctx.env.is_main else "")
     if state in ("", "RUNNING"):
         return
-    _write_stop(ctx, reason, progress, requeue=None, job_state=state)
+    _write_stop(ctx, reason, progress, requeue=None, slurm_state=state)
     log.info("rank %d: SIGTERM at %s, saved; Slurm is ending job %s (%s)", ctx.env.rank, where,
              job_id, state)  # fmt: skip
     wait_for_slurm(600)
@@ -360,14 +369,81 @@ def _write_stop(ctx: Context, reason: int, progress: checkpoint.Progress, **more
     )
 
 
+def not_requeued(ctx: Context, progress: checkpoint.Progress) -> str:
+    """Rank 0's word: why the job must not requeue itself now ('' to requeue). It goes on for as
+    long as its attempts save progress; it stops after cluster.requeues_without_progress
+    requeues in a row that followed attempts which saved nothing new, or at the hard cap."""
+    c = ctx.cfg.cluster
+    saved = (progress.epoch, progress.batches) if ctx.cfg.train.checkpoint else START
+    records = runfolder.read_records(runfolder.metrics_path(ctx.run_dir, 0))[0]
+    stalled = attempts_without_progress(records, ctx.env.job_id, ctx.stops.resumed_from, saved)
+    if stalled > c.requeues_without_progress:
+        unsaved = "; train.checkpoint=false saves nothing" if not ctx.cfg.train.checkpoint else ""
+        return (
+            f"{stalled} attempts in a row saved nothing new "
+            f"(cluster.requeues_without_progress={c.requeues_without_progress}{unsaved})"
+        )
+    if restarts() >= c.max_requeues:
+        limit = f"cluster.max_requeues={c.max_requeues}"
+        return f"the job was requeued {restarts()} time(s) already ({limit})"
+    return ""
+
+
+def attempts_without_progress(
+    records: list[dict[str, Any]], job_id: str, resumed_from: Position, saved: Position
+) -> int:
+    """How many attempts in a row, this one included, saved nothing beyond where they resumed
+    from: 0 where this one saves `saved` beyond `resumed_from`.
+
+    An earlier attempt's progress is where the next one resumed from, beyond where it did
+    itself, as rank 0's start records of this job say (`records`: its file, this attempt's start
+    last). The file lies on a shared file system: a record of the wrong shape tells nothing, and
+    an attempt that Slurm ended itself (a preemption, a lost node: its stop record names
+    Slurm's state) says nothing of whether the run can progress in its limit.
+    """
+    if saved > resumed_from:
+        return 0
+    attempts = _attempts_of(records, job_id)[:-1]  # the last start is this attempt's
+    stalled, after = 1, resumed_from
+    for start, ended_by_slurm in reversed(attempts):
+        if start is None or after > start:
+            break  # it progressed (or its start cannot tell): the row ends here
+        if not ended_by_slurm:
+            stalled += 1
+        after = start
+    return stalled
+
+
+def _attempts_of(records: list[dict[str, Any]], job_id: str) -> list[tuple[Position | None, bool]]:
+    """This job's attempts, oldest first: where each resumed from (None where its record cannot
+    tell), and whether Slurm ended it itself. Only the job's own: an earlier job of the run
+    folder (before a `launch resume`) ran under other settings, or other limits."""
+    attempts: list[tuple[Position | None, bool]] = []
+    for record in records:
+        kind = record.get("kind")
+        if kind == "start":
+            if record.get("job_id") != job_id:
+                attempts.clear()
+                continue
+            attempts.append((_position(record), False))
+        elif kind == "stop" and attempts and record.get("slurm_state"):
+            attempts[-1] = (attempts[-1][0], True)
+    return attempts
+
+
+def _position(start: dict[str, Any]) -> Position | None:
+    epoch, batches = start.get("first_epoch"), start.get("resumed_at_batch") or 0
+    if type(epoch) is not int or type(batches) is not int:  # bool is no count either
+        return None
+    return epoch, batches
+
+
 def _out_of_requeues(
-    ctx: Context, reason: int, progress: checkpoint.Progress, where: str
+    ctx: Context, reason: int, progress: checkpoint.Progress, where: str, why: str
 ) -> dict[str, Any]:
-    limit = ctx.cfg.cluster.max_requeues
-    _write_stop(ctx, reason, progress, requeue=None, requeues_used=restarts())
+    _write_stop(ctx, reason, progress, requeue=None, requeues_used=restarts(), not_requeued=why)
     message = (
-        f"stopped by {reason_words(reason)} at {where}, saved; not requeued: the job was "
-        f"already requeued {restarts()} time(s), cluster.max_requeues={limit}. Continue "
+        f"stopped by {reason_words(reason)} at {where}, saved; not requeued: {why}. Continue "
         f"with `python -m launch resume {ctx.run_dir}`"
     )
     log.warning("rank %d: %s", ctx.env.rank, message)

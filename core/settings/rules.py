@@ -55,6 +55,7 @@ _RANGES: dict[str, tuple[int, int | None]] = {
     "cluster.timeout_min": (1, 366 * 24 * 60),
     "cluster.signal_delay_s": (0, 65535),  # --signal's largest lead
     "cluster.max_requeues": (0, 10_000),
+    "cluster.requeues_without_progress": (0, 1000),
     "dist.timeout_s": (1, 7 * 24 * 3600),
     "output.progress_s": (0, 24 * 3600),
 }
@@ -348,8 +349,8 @@ _SBATCH_OWNED = {
     "output": "output.root (the kit names the logs)",
     "error": "output.root (the kit names the logs)",
     "job-name": "output.name",
-    "requeue": "cluster.max_requeues",
-    "no-requeue": "cluster.max_requeues",
+    "requeue": "cluster.requeue (normal or expedite) and cluster.max_requeues",
+    "no-requeue": "cluster.max_requeues=0",
     # Options that would contradict the kit's own lines or the one task layout it writes.
     "ntasks-per-gpu": "--mode and cluster.gpus_per_node",
     "n": "--mode and cluster.gpus_per_node",

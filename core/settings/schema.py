@@ -100,6 +100,15 @@ class ContainerRuntime(Choice):
     pyxis = "pyxis"  # srun --container-image (pyxis/enroot, on clusters that have the plugin)
 
 
+class Requeue(Choice):
+    """How Slurm holds the job after a requeue (sbatch's --requeue[=expedite])."""
+
+    normal = "normal"  # eligible again after the cluster's hold (cred_expire or requeue_delay)
+    # Slurm 25.11 and later, where SlurmctldParameters has enable_expedited_requeue: eligible at
+    # once, first in the queue, and requeued by Slurm itself when its node fails.
+    expedite = "expedite"
+
+
 class DistBackend(Choice):
     auto = "auto"  # nccl with CUDA, else gloo
     nccl = "nccl"
@@ -189,7 +198,17 @@ class ClusterConfig:
     constraint: str | None = None
     exclusive: bool = False
     signal_delay_s: int = 90  # USR2 this long before the time limit (at most half of it)
-    max_requeues: int = 3  # on the warning signal: save and requeue, at most this often
+    # On the warning signal (or SIGTERM while Slurm runs the job) the job saves and requeues
+    # itself for as long as its attempts save progress: it stops, at its time limit (TIMEOUT),
+    # once this many requeues in a row followed attempts that saved nothing new. 2: one retry
+    # for a passing cause (a slow node or file system, a cold cache) and one more for bad luck
+    # twice; a third attempt that saves nothing means the run cannot progress in its limit
+    # (with train.checkpoint=false it never can), and each more would spend a whole allocation.
+    requeues_without_progress: int = 2
+    # A hard cap on requeues whatever the progress (0: never requeue). High, so that only
+    # progress decides: a 2-day run on a 1-hour partition needs 48.
+    max_requeues: int = 1000
+    requeue: Requeue = Requeue.normal
     setup: list[str] = field(default_factory=list)  # shell lines before the job, e.g. module load
     sbatch_extra: dict[str, str] = field(default_factory=dict)  # any other #SBATCH --key=value
     container: ContainerConfig = field(default_factory=ContainerConfig)
