@@ -358,7 +358,7 @@ def slurm_parameters(cfg: Config, run_name: str) -> dict[str, Any]:
         # untyped: under Slurm 22.05 a step that inherits `a100:1` is bound to no GPU at all
         # (measured on the test cluster); the allocation already holds the type.
         # srun is told the CPUs per task: Slurm 22.05 and 23.02 do not pass the job's on to
-        # it, and where tasks are bound to CPUs each would get one core.
+        # it, and where tasks are bound an exact step then gives each task one CPU.
         "srun_args": [
             "--kill-on-bad-exit=1",
             f"--cpus-per-task={cpus_per_task(cfg)}",

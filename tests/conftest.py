@@ -4,10 +4,13 @@
 in one worker, so its module-scoped runs are made once). Runs that several files compare against
 are made once for all workers (`shared_runs`).
 
-Slurm: tests marked `slurm` run against a real test cluster (2 nodes x 4 fake GPUs, with
-accounting) that each worker starts on first use and stops at the end: the Slurm files run side
-by side, each cluster with ids of its own. Where Slurm cannot be installed they are skipped,
-except on CI (CI=true), where that is a failure.
+Slurm: tests marked `slurm` run against a real test cluster (2 nodes x 4 fake GPUs, tasks bound
+to CPUs and GPUs through cgroups as on production clusters, with accounting;
+slurm/testcluster/README.md) that each worker starts on first use and stops at the end: the Slurm
+files run side by side, each cluster with ids and node names of its own. Where Slurm cannot be
+installed they are skipped, except on CI (CI=true), where that is a failure.
+TESTCLUSTER_SLURM_PREFIX runs them on a Slurm built apart (slurm/testcluster/build-slurm.sh)
+instead of the system's.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, NoReturn
 
 import pytest
 from kit import SMALL, kit, run_folder
-from slurm_cluster import SlurmCluster, install
+from slurm_cluster import SlurmCluster, install, slurm_path, slurm_prefix
 
 from train.distenv import PORT_COUNT
 
@@ -33,6 +36,14 @@ from train.distenv import PORT_COUNT
 # needs (a local DP job: 20 CPU-s spinning, 13 passive, on the loaded machine). The arithmetic
 # is the same either way.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# On a Slurm built apart, every client that any test or the kit starts (sbatch, srun, sacct, and
+# submitit's) must be that release's: put it first on PATH for the whole session.
+os.environ["PATH"] = slurm_path(os.environ.get("PATH", os.defpath), slurm_prefix())
+
+
+def pytest_report_header() -> str:
+    """Which Slurm the test clusters run on, at the top of the session's output."""
+    return f"testcluster Slurm: {slurm_prefix() or 'the system’s'}"
 
 
 def slurm_unavailable(reason: str) -> NoReturn:

@@ -5,6 +5,10 @@
     cluster.stop()
 
 Every Slurm client needs SLURM_CONF; `cluster.env` holds it, `cluster.run` passes it on.
+
+With TESTCLUSTER_SLURM_PREFIX naming a Slurm built apart (slurm/testcluster/build-slurm.sh), the
+clusters run on it, and its clients must come first on PATH for everything that talks to them:
+`cluster.env` then holds that PATH too (`slurm_path` makes it).
 """
 
 from __future__ import annotations
@@ -20,6 +24,25 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "slurm" / "testcluster"
 
 FINAL_STATES = slurm.ENDED  # after which a job never changes again
+PREFIX_VARIABLE = "TESTCLUSTER_SLURM_PREFIX"
+
+
+def slurm_prefix() -> Path | None:
+    """The Slurm built apart that test clusters start on (TESTCLUSTER_SLURM_PREFIX), or None
+    for the system's."""
+    prefix = os.environ.get(PREFIX_VARIABLE, "").strip()
+    return Path(prefix) if prefix else None
+
+
+def slurm_path(path: str, prefix: Path | None) -> str:
+    """`path` with the prefix's bin and sbin first (each once, however often it is applied),
+    or `path` itself when there is no prefix: a client of one Slurm release cannot talk to the
+    daemons of another, so every sbatch, srun, sacct... must be the prefix's."""
+    if prefix is None:
+        return path
+    first = [str(prefix / "bin"), str(prefix / "sbin")]
+    rest = [entry for entry in path.split(os.pathsep) if entry and entry not in first]
+    return os.pathsep.join(first + rest)
 
 
 class SlurmClusterError(RuntimeError):
@@ -44,14 +67,16 @@ def install(timeout: float = 600) -> subprocess.CompletedProcess[str]:
 class SlurmCluster:
     """A running test cluster whose files all lie under `dir`."""
 
-    def __init__(self, dir: Path, nodes: int) -> None:
+    def __init__(self, dir: Path, nodes: int, prefix: Path | None = None) -> None:
         self.dir = dir
         self.nodes = nodes
+        self.prefix = prefix  # the Slurm it runs on; None: the system's
 
     @classmethod
     def start(cls, dir: Path | str, nodes: int = 2, timeout: float = 120) -> SlurmCluster:
-        """Start a cluster of `nodes` nodes (127.0.0.11, .12, ...; 8 CPUs and 4 fake GPUs each)
-        in the empty or new folder `dir`. Returns once every node is idle and accounting works."""
+        """Start a cluster of `nodes` nodes (`node_names`; 4 fake GPUs each, tasks bound through
+        cgroups unless TESTCLUSTER_BINDING=none) in the empty or new folder `dir`. Returns once
+        every node is idle and accounting works."""
         path = Path(dir).resolve()
         try:
             done = _script("start.sh", str(path), str(nodes), timeout=timeout)
@@ -63,7 +88,7 @@ class SlurmCluster:
             raise SlurmClusterError(
                 f"start.sh {path} {nodes} failed ({done.returncode}):\n{done.stdout}{done.stderr}"
             )
-        return cls(path, nodes)
+        return cls(path, nodes, slurm_prefix())
 
     def stop(self, timeout: float = 120) -> None:
         """Cancel all jobs and stop every daemon. Safe to call twice."""
@@ -80,11 +105,22 @@ class SlurmCluster:
     @property
     def env(self) -> dict[str, str]:
         """What a process needs in its environment to talk to this cluster."""
-        return {"SLURM_CONF": str(self.conf)}
+        if self.prefix is None:
+            return {"SLURM_CONF": str(self.conf)}
+        path = slurm_path(os.environ.get("PATH", os.defpath), self.prefix)
+        return {"SLURM_CONF": str(self.conf), "PATH": path}
 
     @property
     def node_names(self) -> list[str]:
-        return [f"127.0.0.{10 + i}" for i in range(1, self.nodes + 1)]
+        """The nodes' names, in order: loopback addresses of this cluster's own (127.A.B.11,
+        .12, ...), or node1, node2, ... in network namespaces; start.sh lists them."""
+        return (self.dir / "nodes").read_text().split()
+
+    @property
+    def binding(self) -> str:
+        """How tasks are bound: `cgroup` to their CPUs and GPUs (start.sh's default), or `none`,
+        every task seeing everything (TESTCLUSTER_BINDING=none, network namespaces)."""
+        return "cgroup" if (self.dir / "cgroup.conf").is_file() else "none"
 
     def run(
         self,

@@ -98,7 +98,9 @@ def test_a_stalled_rank_ends_the_job_in_time_and_is_named(tmp_path: Path, backen
     """A rank stopped dead (SIGSTOP): the others give up after dist.timeout_s, the job ends
     FAILED soon after (on Slurm through `srun --kill-on-bad-exit`), and status names the rank
     that stopped answering."""
-    args = ["--mode", "ddp", f"cluster.backend={backend}", "cluster.gpus_per_node=2"]
+    # One CPU a rank: a test node has only the machine's CPUs (2 here) to bind ranks to.
+    args = ["--mode", "ddp", f"cluster.backend={backend}", "cluster.gpus_per_node=2",
+            "cluster.cpus_per_task=1"]  # fmt: skip
     work = [*PACED_WORK, "dist.timeout_s=10"]
     where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data"]
     done = kit("launch", "submit", *args, *work, *where)
@@ -174,7 +176,7 @@ def test_a_rank_of_the_second_node_ended_by_a_signal_is_the_one_named(
     for signum, run_dir in runs.items():
         assert wait_for(partial(_trained, run_dir), 300), f"{signum.name}: no first epoch"
         start = runfolder.of_kind(runfolder.read_rank(run_dir, 1), "start")[-1]
-        assert start["node"] == "127.0.0.12"  # the second node
+        assert start["node"] == slurm_cluster.node_names[1]  # the second node
         os.kill(start["pid"], signum)
     no_sacct = _without_accounting(tmp_path / "bin")
     words = {
@@ -186,7 +188,7 @@ def test_a_rank_of_the_second_node_ended_by_a_signal_is_the_one_named(
     try:
         for signum, run_dir in runs.items():
             assert wait_for(partial(_failed, run_dir), 120), f"{signum.name}: not FAILED in 120 s"
-            named = f"{run_dir.name}: rank 1 on 127.0.0.12 failed first: "
+            named = f"{run_dir.name}: rank 1 on {slurm_cluster.node_names[1]} failed first: "
             for path in (os.environ["PATH"], no_sacct):  # a cluster without accounting too
                 status = kit("launch", "status", str(run_dir), env={"PATH": path}).stdout
                 assert " FAILED " in status, (signum, path, status)

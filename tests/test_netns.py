@@ -22,6 +22,8 @@ from slurm_cluster import SlurmCluster, release_hold, wait_job_releasing_holds
 
 from core import runfolder
 
+pytestmark = pytest.mark.netns
+
 WORK = ["data.train_size=2048", "data.test_size=256", "cluster.cpus_per_task=1"]
 
 

@@ -1,8 +1,10 @@
 """The test Slurm cluster behaves like the real thing in the ways the kit relies on: node layout,
-task ranks, fake GPUs, accounting states and fast turnaround."""
+task ranks, fake GPUs, accounting states, a short hold after a requeue and fast turnaround. (How
+it binds tasks to CPUs and GPUs: test_binding.py.)"""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -40,7 +42,7 @@ def parse_env(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
-def test_all_nodes_idle_with_8_cpus_and_4_typed_gpus(slurm_cluster: SlurmCluster) -> None:
+def test_all_nodes_idle_with_their_cpus_and_4_typed_gpus(slurm_cluster: SlurmCluster) -> None:
     # A job of an earlier test may still be completing: give the nodes a moment.
     deadline = time.monotonic() + 10
     while True:
@@ -50,30 +52,34 @@ def test_all_nodes_idle_with_8_cpus_and_4_typed_gpus(slurm_cluster: SlurmCluster
         if all(n[1] == "idle" for n in nodes) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
+    # Bound, a node has the machine's CPUs (Slurm binds to real ones only); else it declares 8.
+    cpus = str(os.cpu_count()) if slurm_cluster.binding == "cgroup" else "8"
+    first, second = slurm_cluster.node_names
     assert nodes == [
-        ["127.0.0.11", "idle", "8", "16000", "gpu:a100:4", "debug*"],
-        ["127.0.0.12", "idle", "8", "16000", "gpu:a100:4", "debug*"],
+        [first, "idle", cpus, "16000", "gpu:a100:4", "debug*"],
+        [second, "idle", cpus, "16000", "gpu:a100:4", "debug*"],
     ]
 
 
 def test_srun_two_tasks_per_node_ranks(slurm_cluster: SlurmCluster) -> None:
     tasks = task_lines(slurm_cluster, "-N2", "-n4", "--ntasks-per-node=2")
+    first, second = slurm_cluster.node_names
     assert [t[:4] for t in tasks] == [
-        ["0", "0", "0", "127.0.0.11"],
-        ["1", "1", "0", "127.0.0.11"],
-        ["2", "0", "1", "127.0.0.12"],
-        ["3", "1", "1", "127.0.0.12"],
+        ["0", "0", "0", first],
+        ["1", "1", "0", first],
+        ["2", "0", "1", second],
+        ["3", "1", "1", second],
     ]
 
 
-def test_srun_n4_on_2_nodes_is_not_balanced_without_ntasks_per_node(
+def test_srun_n3_on_2_nodes_is_not_balanced_without_ntasks_per_node(
     slurm_cluster: SlurmCluster,
 ) -> None:
-    # Nodes declare 8 CPUs, so Slurm packs 3 tasks on the first node and 1 on the second:
-    # a launcher that wants 2 tasks per node must say --ntasks-per-node.
-    tasks = task_lines(slurm_cluster, "-N2", "-n4")
-    assert [t[2] for t in tasks] == ["0", "0", "0", "1"]
-    assert [t[0] for t in tasks] == ["0", "1", "2", "3"]
+    # Slurm fills the first node's CPUs first (2 or more a node), so the first node gets 2 tasks
+    # and the second 1: a launcher that wants an even layout must say --ntasks-per-node.
+    tasks = task_lines(slurm_cluster, "-N2", "-n3")
+    assert [t[2] for t in tasks] == ["0", "0", "1"]
+    assert [t[0] for t in tasks] == ["0", "1", "2"]
 
 
 def test_batch_job_completes_and_accounting_shows_it(
@@ -113,16 +119,23 @@ def test_gpus_per_task_gives_each_task_its_own_gpu(slurm_cluster: SlurmCluster) 
     tasks = task_lines(slurm_cluster, "-n4", "--gpus-per-task=1")
     devices = [(t[3], t[4]) for t in tasks]
     assert all("," not in d for _, d in devices), devices
-    assert len(set(devices)) == 4, devices
+    if slurm_cluster.binding == "cgroup":  # each its own, seen as 0 (test_binding opens them)
+        assert {d for _, d in devices} == {"0"}, devices
+    else:
+        assert len(set(devices)) == 4, devices
 
 
 def test_gpus_per_task_on_two_nodes_restart_at_0(slurm_cluster: SlurmCluster) -> None:
     tasks = task_lines(slurm_cluster, "-N2", "--ntasks-per-node=2", "--gpus-per-task=1")
+    first, second = slurm_cluster.node_names
+    # Bound (ConstrainDevices), each task sees its one GPU as 0, as on a real node; unbound,
+    # each sees the node's GPUs and is told its own by index.
+    bound = slurm_cluster.binding == "cgroup"
     assert [(t[3], t[4]) for t in tasks] == [
-        ("127.0.0.11", "0"),
-        ("127.0.0.11", "1"),
-        ("127.0.0.12", "0"),
-        ("127.0.0.12", "1"),
+        (first, "0"),
+        (first, "0" if bound else "1"),
+        (second, "0"),
+        (second, "0" if bound else "1"),
     ]
 
 
@@ -157,21 +170,23 @@ def test_batch_and_step_environment(slurm_cluster: SlurmCluster, tmp_path: Path)
     batch_text, step_text = out.split("--- step\n")
     batch, step = parse_env(batch_text), parse_env(step_text)
 
-    assert batch["SLURM_JOB_NODELIST"] == "127.0.0.[11-12]"
-    assert batch["SLURM_NODELIST"] == "127.0.0.[11-12]"
+    first, _ = slurm_cluster.node_names
+    nodelist = first.rsplit(".", 1)[0] + ".[11-12]"  # 127.A.B.[11-12]
+    assert batch["SLURM_JOB_NODELIST"] == nodelist
+    assert batch["SLURM_NODELIST"] == nodelist
     assert batch["SLURM_JOB_NUM_NODES"] == "2"
     assert batch["SLURM_NTASKS"] == "4"
     assert batch["SLURM_TASKS_PER_NODE"] == "2(x2)"
     assert batch["SLURM_NTASKS_PER_NODE"] == "2"
-    assert batch["SLURMD_NODENAME"] == "127.0.0.11"
+    assert batch["SLURMD_NODENAME"] == first
     assert (batch["SLURM_PROCID"], batch["SLURM_LOCALID"], batch["SLURM_NODEID"]) == ("0", "0", "0")
     assert "SLURM_STEP_ID" not in batch
     assert "SLURM_STEPID" not in batch
 
     assert step["SLURM_STEP_ID"] == "0"
     assert step["SLURM_STEP_NUM_TASKS"] == "1"
-    assert step["SLURM_STEP_NODELIST"] == "127.0.0.11"
-    assert step["SLURM_JOB_NODELIST"] == "127.0.0.[11-12]"
+    assert step["SLURM_STEP_NODELIST"] == first
+    assert step["SLURM_JOB_NODELIST"] == nodelist
 
 
 def test_trivial_job_turnaround_is_quick(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -180,3 +195,33 @@ def test_trivial_job_turnaround_is_quick(slurm_cluster: SlurmCluster, tmp_path: 
     sbatch_wait(slurm_cluster, tmp_path, "true")
     elapsed = time.monotonic() - start
     assert elapsed < 5, f"trivial sbatch --wait took {elapsed:.1f} s"
+
+
+def test_a_requeued_job_is_held_briefly_then_starts_by_itself(slurm_cluster: SlurmCluster) -> None:
+    """Slurm holds a requeued job (reason BeginTime) for requeue_delay or the credential lifetime
+    + 1 s: 121 s by default, then waits for its main scheduling loop (every 60 s). The test
+    cluster sets 10 s (TESTCLUSTER_REQUEUE_DELAY) and a 2-s loop: about 14 s in all here."""
+    done = slurm_cluster.run(
+        "sbatch", "--parsable", "--requeue", "--output=/dev/null", "--wrap", "sleep 300"
+    )
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+
+    def queued() -> str:
+        return slurm_cluster.run("squeue", "-h", "-j", job_id, "-o", "%T|%r").stdout.strip()
+
+    deadline = time.monotonic() + 60
+    while queued() != "RUNNING|None":
+        assert time.monotonic() < deadline, f"job {job_id} never started"
+        time.sleep(0.1)
+    requeued = time.monotonic()
+    assert slurm_cluster.run("scontrol", "requeue", job_id).returncode == 0
+    seen = set()
+    while (state := queued()) != "RUNNING|None":
+        seen.add(state)
+        assert time.monotonic() - requeued < 40, f"job {job_id} not running again: {seen}"
+        time.sleep(0.2)
+    assert "PENDING|BeginTime" in seen, seen
+    held = time.monotonic() - requeued
+    assert held > 5, f"job {job_id} started again {held:.1f} s after its requeue: no hold?"
+    slurm_cluster.run("scancel", job_id)

@@ -2,18 +2,26 @@
 # Install Debian's Slurm (controller, node daemon, clients, accounting daemon), MariaDB, iproute2
 # and nftables: everything slurm/testcluster/start.sh and the network tests need. Idempotent:
 # when all programs are present it only prints one line and returns at once (no apt-get at all).
+# With TESTCLUSTER_SLURM_PREFIX (a Slurm built by build-slurm.sh) its programs count, and come
+# first on PATH; the version printed is that of the Slurm on PATH.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/slurm-path.sh"
 
 PACKAGES=(slurmctld slurmd slurm-client slurmdbd mariadb-server iproute2 nftables)
 # One program per package: if all of them are on PATH there is nothing to do.
 PROGRAMS=(slurmctld slurmd sbatch sdiag slurmdbd mariadbd mariadb-install-db mariadb-admin ip nft)
 
-slurm_version() { dpkg-query -W -f='${Version}' slurmctld 2>/dev/null || echo '?'; }
+# The release on PATH (slurmctld -V prints "slurm 25.11.7" or "slurm-wlm 22.05.8"), which need
+# not be Debian's package.
+slurm_version() {
+    local version
+    version=$(slurmctld -V 2>/dev/null) || { echo '?'; return 0; }
+    echo "${version##* } ($(command -v slurmctld))"
+}
 
 missing=()
 for prog in "${PROGRAMS[@]}"; do
-    # Daemons live in /usr/sbin, which a non-login root shell may lack on PATH.
-    if ! PATH="$PATH:/usr/sbin:/sbin" command -v "$prog" >/dev/null 2>&1; then
+    if ! command -v "$prog" >/dev/null 2>&1; then
         missing+=("$prog")
     fi
 done

@@ -5,9 +5,11 @@
 #
 # Usage: slurmd.sh DIR NODE_NAME
 set -euo pipefail
-export PATH="$PATH:/usr/sbin:/sbin"
 [[ $# -eq 2 ]] || { echo "usage: $0 DIR NODE_NAME" >&2; exit 2; }
 DIR=$1 NODE=$2
+# The Slurm the cluster was started on (env.sh names it), whatever the caller's environment.
+if [[ -f $DIR/env.sh ]]; then source "$DIR/env.sh"; fi
+source "$(dirname "${BASH_SOURCE[0]}")/slurm-path.sh"
 LOG="$DIR/log/slurmd-$NODE.log"
 
 ns=

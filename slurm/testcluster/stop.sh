@@ -9,7 +9,9 @@ set -euo pipefail
 [[ $# -eq 1 ]] || { echo "usage: $0 DIR" >&2; exit 2; }
 [[ -d $1 ]] || { echo "testcluster: $1 does not exist: nothing to stop"; exit 0; }
 DIR=$(cd "$1" && pwd -P)
-export PATH="$PATH:/usr/sbin:/sbin"
+# The Slurm the cluster was started on (env.sh names it), whatever the caller's environment.
+if [[ -f $DIR/env.sh ]]; then source "$DIR/env.sh"; fi
+source "$(dirname "${BASH_SOURCE[0]}")/slurm-path.sh"
 export SLURM_CONF=$DIR/slurm.conf
 START=$(date +%s.%N)
 elapsed() { awk -v s="$START" -v n="$(date +%s.%N)" 'BEGIN {printf "%.1f", n - s}'; }
@@ -78,20 +80,60 @@ done
 stop_pids "${slurmd_pids[@]}"
 
 # Normally nothing is left now. But a step that would not die leaves slurmstepd and its tasks
-# behind, reparented to PID 1. Both carry this cluster's SLURM_CONF in their environment
-# (slurmstepd inherits it from slurmd, tasks from the submitting client); tasks also carry
-# SLURM_JOB_ID. Kill those, never ourselves or our caller.
-# (One grep reads all environments at once: spawning a process per /proc entry is slow.)
-for f in $(grep -lsxzF "SLURM_CONF=$SLURM_CONF" /proc/[0-9]*/environ); do
-    pid=${f#/proc/}
-    pid=${pid%/environ}
+# behind, reparented to PID 1. Tasks carry this cluster's SLURM_CONF in their environment (from
+# the submitting client) and SLURM_JOB_ID; so does Slurm 22.05's slurmstepd (from slurmd). Slurm
+# 25.11's slurmstepd writes its title over its environment (/proc/PID/environ reads empty): it
+# is known by the log file of this cluster that it holds open. Kill those, never ourselves or
+# our caller. (One grep reads all environments at once: spawning a process per /proc entry is
+# slow.)
+job_processes() {   # pids of this cluster's leftover step daemons and tasks, one a line
+    local f pid
+    for f in $(grep -lsxzF "SLURM_CONF=$SLURM_CONF" /proc/[0-9]*/environ); do
+        pid=${f#/proc/}
+        pid=${pid%/environ}
+        if grep -qxs slurmstepd "/proc/$pid/comm" || grep -qsz '^SLURM_JOB_ID=' "/proc/$pid/environ"; then
+            echo "$pid"
+        fi
+    done
+    for f in $(grep -lxs slurmstepd /proc/[0-9]*/comm); do
+        pid=${f#/proc/}
+        pid=${pid%/comm}
+        if [[ -n $(find "/proc/$pid/fd" -lname "$DIR/*" -print -quit 2>/dev/null) ]]; then
+            echo "$pid"
+        fi
+    done
+}
+for pid in $(job_processes | sort -un); do
     [[ $pid != "$$" && $pid != "$PPID" ]] && alive "$pid" || continue
     comm=$(cat "/proc/$pid/comm" 2>/dev/null) || continue
-    if [[ $comm == slurmstepd ]] || grep -qsz '^SLURM_JOB_ID=' "/proc/$pid/environ"; then
-        echo "testcluster: killing leftover job process $pid ($comm)" >&2
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
+    echo "testcluster: killing leftover job process $pid ($comm)" >&2
+    kill -KILL "$pid" 2>/dev/null || true
 done
+
+# With cgroup binding each slurmd made cgroups named after its node (slurm_<node> under every
+# controller), which Slurm leaves behind. Remove this cluster's, emptied first where this call
+# stopped its slurmd: a process still in one is a leftover of its jobs (a frozen one is thawed so
+# that SIGKILL reaches it). Node names are this cluster's own while it runs (start.sh), but a
+# later cluster may reuse them: with no slurmd stopped here, only empty folders go.
+remove_cgroups() {   # $1: 1 to kill what is left in them
+    local node dir pid
+    [[ -s $DIR/nodes ]] || return 0
+    while read -r node; do
+        for dir in /sys/fs/cgroup/*/"slurm_$node"; do
+            [[ -d $dir ]] || continue
+            if [[ $1 == 1 ]]; then
+                find "$dir" -name freezer.state -exec sh -c 'echo THAWED >"$1"' _ {} \; 2>/dev/null || true
+                for pid in $(find "$dir" -name cgroup.procs -exec cat {} + 2>/dev/null); do
+                    echo "testcluster: killing leftover job process $pid (in $dir)" >&2
+                    kill -KILL "$pid" 2>/dev/null || true
+                done
+            fi
+            # Deepest first; a folder that still holds a process stays (rmdir refuses it).
+            find "$dir" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+        done
+    done <"$DIR/nodes"
+}
+remove_cgroups $((${#slurmd_pids[@]} > 0 ? 1 : 0))
 
 # (Unquoted on purpose: an empty pid means nothing to stop.)
 stop_pids $ctld
