@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -345,7 +346,7 @@ def test_a_damaged_saved_state_is_one_line_naming_the_file(tmp_path: Path, damag
     cfg = load_config(overrides=[f"output.root={tmp_path}"])
     path = runfolder.state_path(tmp_path)
     path.parent.mkdir(parents=True)
-    torch.save({"config_sha256": checkpoint.config_hash(cfg), "ranks": [{}]}, path)
+    torch.save({"config_sha256": "0" * 64, "ranks": [{}]}, path)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"\x00garbage" * 99)
     with pytest.raises(runfolder.RunFolderError, match=r"cannot be read .* start a new run"):
@@ -509,3 +510,27 @@ def test_a_refused_resume_leaves_nothing_in_the_folder_it_was_given(tmp_path: Pa
         done = kit_here("launch", command, str(tmp_path / "sweep"))
         assert done.returncode == 2, done.stderr
         assert f"is not a run folder but holds 1: pass one of them, e.g. {run_dir}" in done.stderr
+
+
+def test_a_run_resumes_under_a_newer_kit_but_not_with_its_settings_edited(tmp_path: Path) -> None:
+    """A saved state names its run's settings by the text of its config.yaml: the same text
+    older kits hashed (the config written back as YAML), whatever settings a newer kit's schema
+    adds; a hand edit of the file is refused."""
+    from core.settings.loading import to_yaml
+    from train import checkpoint
+
+    cfg = load_config(overrides=[f"output.root={tmp_path}"])
+    run_dir = runfolder.create(cfg, launcher="launch", backend="local", command=[])
+    loaded = runfolder.load_job_config(run_dir)
+    older = hashlib.sha256(to_yaml(loaded).encode()).hexdigest()
+    assert checkpoint.config_hash(run_dir) == older
+    path = runfolder.state_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    torch.save({"config_sha256": older, "ranks": [{"epoch": 1}]}, path)
+    assert checkpoint.load(run_dir, loaded, rank=0, world_size=1) is not None
+    config = run_dir / runfolder.CONFIG
+    config.write_text(config.read_text().replace("epochs: 10", "epochs: 11"))
+    with pytest.raises(runfolder.RunFolderError, match="saved with other settings"):
+        checkpoint.load(run_dir, loaded, rank=0, world_size=1)

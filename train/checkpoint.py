@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 
 from core import runfolder, strategies
-from core.settings.loading import to_yaml
 from core.settings.schema import Config
 
 log = logging.getLogger("train")
@@ -38,8 +37,12 @@ class Progress:
     samples: int = 0  # this rank's, likewise
 
 
-def config_hash(cfg: Config) -> str:
-    return hashlib.sha256(to_yaml(cfg).encode()).hexdigest()
+def config_hash(run_dir: Path) -> str:
+    """The run's own settings as its folder keeps them (config.yaml, written once when the run
+    was made): a newer kit, whose schema holds settings that file does not name, still resumes
+    the run, and a hand edit of the file is refused. (Older kits hashed the same text, the
+    config written back as YAML.)"""
+    return hashlib.sha256((run_dir / runfolder.CONFIG).read_bytes()).hexdigest()
 
 
 def rng_state() -> dict[str, Any]:
@@ -92,7 +95,7 @@ def save(
         return
     state = {
         "schema": runfolder.SCHEMA,
-        "config_sha256": config_hash(cfg),
+        "config_sha256": config_hash(run_dir),
         "epoch": progress.epoch,
         "batches": progress.batches,
         **held,
@@ -145,7 +148,7 @@ def load(run_dir: Path, cfg: Config, rank: int, world_size: int) -> dict[str, An
             "saved (the kit writes it whole or not at all), so the run cannot resume; start a new "
             "run"
         ) from None
-    if state.get("config_sha256") != config_hash(cfg):
+    if state.get("config_sha256") != config_hash(run_dir):
         raise runfolder.RunFolderError(
             f"{path} was saved with other settings than {run_dir / runfolder.CONFIG}: a run "
             "resumes only with its own config; start a new run instead"
