@@ -71,16 +71,39 @@ def problems(places: list[Place]) -> str | None:
 
 
 def _short_of_cpus(places: list[Place]) -> str:
-    short = [p for p in places if p.asked is not None and p.usable < p.asked]
+    had = _shares(places)
+    short = [p for p in places if p.asked is not None and had[p.rank] < p.asked]
     if not short:
         return ""
     first = short[0]
     who = _ranks([p.rank for p in short])
     return (
-        f"{who} had fewer CPUs than the job asked for ({first.usable} of {first.asked} per task "
+        f"{who} had fewer CPUs than the job asked for ({had[first.rank]} of {first.asked} per task "
         f"on {first.node}, CPUs {first.cpus or 'none'}), which slows training and data loading: "
         "give srun the job's CPUs (--cpus-per-task) or ask for fewer (cluster.cpus_per_task)"
     )
+
+
+def _shares(places: list[Place]) -> dict[int, int]:
+    """Each rank's CPUs: what it saw as its own, and no more than its share of a CPU set that
+    other ranks of its node were bound to as well (a step's cpuset that its tasks share)."""
+    sharing: dict[tuple[str, str], int] = {}
+    for place in places:
+        sharing[place.node, place.cpus] = sharing.get((place.node, place.cpus), 0) + 1
+    return {
+        p.rank: min(p.usable, max(1, _count(p.cpus) // sharing[p.node, p.cpus])) for p in places
+    }
+
+
+def _count(cpus: str) -> int:
+    """How many CPUs a list such as '0-3,8' names (0 for one that cannot be read)."""
+    total = 0
+    for span in cpus.split(","):
+        first, _, last = span.partition("-")
+        if not (first.isdigit() and (not last or last.isdigit())):
+            return 0
+        total += int(last or first) - int(first) + 1
+    return total
 
 
 def _shared_gpus(places: list[Place]) -> str:

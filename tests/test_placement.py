@@ -72,3 +72,13 @@ def test_ranks_sharing_a_gpu_are_named_once_per_line() -> None:
     assert said is not None and said.count(";") == 1  # one line, two findings
     assert "rank 2 had fewer CPUs" in said
     assert "ranks 0, 1 share one GPU (GPU-a on n1)" in said
+
+
+def test_ranks_bound_to_one_cpu_set_have_their_share_of_it() -> None:
+    """A step's cpuset that its tasks share (a cgroup without per-task binding): four ranks on
+    the same 4 CPUs have one each, whatever each saw as its own."""
+    shared = [_place(r, usable=4, cpus="0-3") for r in range(4)]
+    said = problems(shared)
+    assert said is not None and said.startswith("ranks 0, 1, 2, 3 had fewer CPUs than the job")
+    assert "(1 of 2 per task on n1, CPUs 0-3)" in said
+    assert problems([_place(r, usable=8, cpus="0-7") for r in range(4)]) is None  # 2 each
