@@ -38,10 +38,10 @@ class Progress:
 
 
 def config_hash(run_dir: Path) -> str:
-    """The run's own settings as its folder keeps them (config.yaml, written once when the run
-    was made): a newer kit, whose schema holds settings that file does not name, still resumes
-    the run, and a hand edit of the file is refused. (Older kits hashed the same text, the
-    config written back as YAML.)"""
+    """The run's own settings as its folder keeps them (the config file, written once when the
+    run was made): a newer kit, whose schema holds settings that file does not name, still
+    resumes the run, and a hand edit of the file is refused. (Older kits hashed the same text,
+    the config written back as YAML.)"""
     return hashlib.sha256((run_dir / runfolder.CONFIG).read_bytes()).hexdigest()
 
 
