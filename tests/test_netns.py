@@ -111,12 +111,18 @@ def _epochs(run_dir: Path, rank: int = 0) -> list[int]:
 
 
 def _first_epoch(tmp_path: Path, following: subprocess.Popen[str]) -> Path:
-    """The run folder, once rank 0 has recorded its first epoch."""
+    """The run folder, once rank 0 has recorded its first epoch and saved the state after it (the
+    save follows the record and gathers from every rank: a link cut between the two leaves no
+    state to resume from)."""
     deadline = time.monotonic() + 300
-    while not (runs := runfolder.find_runs(tmp_path / "runs")) or not _epochs(runs[0]):
+    while not (runs := runfolder.find_runs(tmp_path / "runs")) or not _saved_after_epoch(runs[0]):
         assert time.monotonic() < deadline and following.poll() is None, "no first epoch"
         time.sleep(0.5)
     return runs[0]
+
+
+def _saved_after_epoch(run_dir: Path) -> bool:
+    return bool(_epochs(run_dir)) and runfolder.state_path(run_dir).is_file()
 
 
 def _attempts(run_dir: Path) -> list[dict[str, object]]:
