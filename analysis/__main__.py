@@ -11,7 +11,7 @@ from pathlib import Path
 from analysis.cache import path_for as cache_path
 from analysis.load import load_runs, resolve_run_dirs
 from analysis.table import FORMATS, Group, group_runs
-from core.cli import ArgumentParser, add_common_flags, main_of
+from core.cli import ArgumentParser, add_common_flags, main_of, printable
 from core.errors import KitError
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -109,7 +109,7 @@ def _summarize(args: argparse.Namespace) -> int:
     groups, alone = group_runs(runs)
     # Warnings, skipped runs, largest-batch runs in no table: on stderr, stdout stays a clean table.
     for note in _shortened([*notes, *alone]):
-        print(note, file=sys.stderr)
+        print(printable(note), file=sys.stderr)
     if not groups:
         print(
             f"error: none of the {len(run_dirs)} run(s) has finished its training (why: above): "
@@ -117,7 +117,7 @@ def _summarize(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    print(FORMATS[args.format](groups), end="")
+    print(printable(FORMATS[args.format](groups)), end="")
     if args.plot:
         _plot(groups, args.plot)
     return 0

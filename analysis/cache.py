@@ -8,7 +8,9 @@ calls) and used again only while the fingerprint is unchanged and the code that 
 same. Anything else is read afresh, as without the cache.
 
 The cache is the user's: one file per set of folders summarized, under $XDG_CACHE_HOME/kit
-(else ~/.cache/kit), readable by its owner alone (it is a pickle: only this user can plant one).
+(else ~/.cache/kit), readable by its owner alone. It is read back only where no one else could
+have written it (`core.userfiles`), and unpickled into plain data alone (dicts, lists, tuples,
+strings, numbers): no class is built and nothing called, so even a planted file runs no code.
 A cache that cannot be read or written is passed over: never an error, never a wrong row.
 """
 
@@ -24,7 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from core import runfolder
+from core import runfolder, userfiles
+from core.settings import schema
 
 VERSION = 1
 _PACKAGES = ("analysis", "core")  # the code a result depends on
@@ -65,6 +68,7 @@ class Kept:
             return
         with contextlib.suppress(OSError):
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            userfiles.keep_private(self.path.parent)  # made under a umask of 002: read back
             if self.changed:
                 with runfolder.atomic_file(self.path) as partial:
                     partial.chmod(0o600)
@@ -98,12 +102,24 @@ def _forget_unused(folder: Path) -> None:
                 cached.unlink()
 
 
+class _Results(userfiles.PlainData):
+    """Plain data, and the settings' choices a row holds (`Precision.bf16`, …): an enum of the
+    kit's schema is looked up by its value, which builds nothing else."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = getattr(schema, name, None) if module == schema.__name__ else None
+        if isinstance(found, type) and issubclass(found, schema.Choice):
+            return found
+        return super().find_class(module, name)
+
+
 def _load(path: Path) -> dict[str, tuple[Any, Any]]:
     try:
-        with path.open("rb") as f:
-            if os.fstat(f.fileno()).st_uid != os.getuid():
-                return {}  # someone else's file: not unpickled
-            kept = pickle.load(f)
+        handle = userfiles.open_own(path)
+        if handle is None:
+            return {}  # missing, or not this user's alone: passed over, and written anew
+        with handle:
+            kept = _Results(handle).load()
         if not isinstance(kept, dict) or any(kept.get(k) != v for k, v in _header().items()):
             return {}
     except Exception:  # missing, damaged, stale, or from another Python: read the runs afresh

@@ -382,7 +382,7 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
 def _read_run(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
     meta = runfolder.read_meta(run_dir)
     cfg = runfolder.config_of(run_dir, meta)  # run.json read once, not twice
-    ranks, notes = _read_ranks(run_dir)
+    ranks, notes = _read_ranks(run_dir, world_size(cfg))
     run_id = meta.get("run_id", run_dir.name)
     if cfg.task in SEARCHES:
         return _search_row(run_dir, run_id, cfg, ranks), notes
@@ -458,12 +458,16 @@ def _search_row(
     }
 
 
-def _read_ranks(run_dir: Path) -> tuple[dict[int, Rank], list[str]]:
+def _read_ranks(
+    run_dir: Path, world: int = runfolder.MAX_RANKS
+) -> tuple[dict[int, Rank], list[str]]:
     ranks: dict[int, Rank] = {}
     notes: list[str] = []
-    for rank, path in runfolder.rank_files(run_dir).items():
+    for rank, path in runfolder.rank_files(run_dir, world).items():
         records, problems = runfolder.read_records(path)
-        notes += [f"warning: {problem}" for problem in problems]
+        if problems:  # one warning per file, with the count of the others
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            notes.append(f"warning: {problems[0]}{more}")
         kinds = _by_kind(records)  # one pass for the common case: one start, the first record
         starts = kinds.get("start", [])
         if len(starts) > 1:  # a requeued job appends a new attempt
@@ -490,6 +494,9 @@ def _by_kind(records: Records) -> Rank:
     return kinds
 
 
+ABSENT_NAMED = 8  # ranks named in a skipped run's note; more are counted
+
+
 def _missing(cfg: Config, ranks: dict[int, Rank]) -> str:
     """What a run lacks before its figures mean anything; '' when it is complete."""
     if not ranks:
@@ -497,7 +504,9 @@ def _missing(cfg: Config, ranks: dict[int, Rank]) -> str:
     expected = range(world_size(cfg))
     absent = [rank for rank in expected if not ranks.get(rank, {}).get("start")]
     if absent:
-        return f"no start record from rank(s) {', '.join(map(str, absent))} of {len(expected)}"
+        named = ", ".join(map(str, absent[:ABSENT_NAMED]))
+        more = f" and {len(absent) - ABSENT_NAMED} more" if len(absent) > ABSENT_NAMED else ""
+        return f"no start record from rank(s) {named}{more} of {len(expected)}"
     summary = (ranks[0].get("summary") or [{}])[-1]
     if summary.get("diverged_epoch") is not None:
         return (

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -30,6 +32,12 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+CONFIG_HELP = (
+    "a YAML file of settings merged over the defaults; repeat it to merge several in order, the "
+    "later winning key by key (a cluster's file, then an experiment's)"
+)
 
 
 def add_common_flags(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +62,7 @@ def run_cli(func: Callable[[argparse.Namespace], int], args: argparse.Namespace)
     try:
         return int(func(args))
     except KitError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {printable(str(err))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as err:  # what was written stays; nothing to report but that
         with contextlib.suppress(OSError):  # a terminal that hung up takes no line
@@ -63,6 +71,36 @@ def run_cli(func: Callable[[argparse.Namespace], int], args: argparse.Namespace)
     except BrokenPipeError:  # the reader went away (`| head`): end quietly, as `yes | head` does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # for the final flush
         return EXIT_BROKEN_PIPE
+    except OSError as err:
+        if err.errno not in _PATH_FIXES:  # anything else is a bug: its traceback
+            raise
+        print(f"error: {printable(str(err.filename))}: {_PATH_FIXES[err.errno]}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+# A path the user gave that the system refuses (a setting, a run folder, a file): what to do.
+_PATH_FIXES = {
+    errno.ENAMETOOLONG: "a name in this path is longer than the file system takes (255 bytes "
+    "a name, 4096 a path): shorten it",
+    errno.EACCES: "permission denied: pick a path this user can reach, or ask its owner for access",
+}
+
+
+# What a terminal acts on rather than shows (an escape sequence, a bell, a carriage return that
+# writes over the line) or shows as nothing (direction and zero-width marks): a record, a log or
+# a folder name may hold any of them, and the kit prints all of those. A line break and a tab
+# are shown as they are.
+_UNSHOWN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def printable(text: str) -> str:
+    """The text as the kit prints it: each character of `_UNSHOWN` written as its escape
+    (ESC as `\\x1b`), so that nothing read from a run folder can drive the terminal."""
+    return _UNSHOWN.sub(_escape, text)
+
+
+def _escape(found: re.Match[str]) -> str:
+    return repr(found.group())[1:-1]
 
 
 class Interrupted(KeyboardInterrupt):
@@ -150,6 +188,15 @@ def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
         os.environ[VERBOSE] = str(verbose)
     level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
     logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr, force=True)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(_PrintableFormatter("%(message)s"))
+
+
+class _PrintableFormatter(logging.Formatter):
+    """Messages as `printable` writes them: a warning quotes records and paths."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
 
 
 def main_of(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:

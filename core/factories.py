@@ -5,10 +5,14 @@ Torch-free, so the launcher can check a factory before it submits anything.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
+import signal
 import sys
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from core.errors import KitError
@@ -27,11 +31,35 @@ class FactoryError(KitError):
     """A factory cannot be found or breaks its contract; the message says which and how."""
 
 
-def find(key: str, spec: str) -> Callable[..., Any]:
-    """The function `package.module:function` names, imported now."""
+IMPORT_S = 60.0  # a factory's module imports in seconds; one that takes this long hangs
+
+
+class _TookTooLong(BaseException):
+    """The import's deadline passed (a BaseException: a module's `except Exception` keeps it)."""
+
+
+def find(key: str, spec: str, deadline_s: float | None = None) -> Callable[..., Any]:
+    """The function `package.module:function` names, imported now (within `deadline_s`, where
+    given: the launcher's check, in its main thread)."""
     module_name, _, function = spec.partition(":")
+    ctrl_c: list[int] = []
     try:
-        module = importlib.import_module(module_name)
+        with _watched(deadline_s, ctrl_c):
+            module = importlib.import_module(module_name)
+    except _TookTooLong:
+        raise FactoryError(
+            f"{key}={spec}: importing {module_name} took over {deadline_s:.0f} s and was stopped: "
+            "a module the job imports must import quickly (does it wait for input, a lock or the "
+            'network?); keep script code under `if __name__ == "__main__":`'
+        ) from None
+    except KeyboardInterrupt:
+        if ctrl_c or deadline_s is None:
+            raise  # a real Ctrl-C: the command was interrupted
+        raise FactoryError(
+            f"{key}={spec}: importing {module_name} raised KeyboardInterrupt itself (no Ctrl-C "
+            "came): a module the job imports must not; keep script code under "
+            '`if __name__ == "__main__":`'
+        ) from None
     except ImportError as err:
         raise FactoryError(
             f"{key}={spec}: cannot import {module_name} ({err}). The job imports it from its "
@@ -58,6 +86,39 @@ def find(key: str, spec: str) -> Callable[..., Any]:
     return found
 
 
+@contextlib.contextmanager
+def _watched(deadline_s: float | None, ctrl_c: list[int]) -> Iterator[None]:
+    """Run the block under a deadline (SIGALRM), noting in `ctrl_c` a real Ctrl-C; a timer
+    already set (pytest-timeout's, say) is set again after, less the time spent."""
+    if deadline_s is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def alarm(signum: int, frame: object) -> None:
+        raise _TookTooLong
+
+    def interrupt(signum: int, frame: object) -> None:
+        ctrl_c.append(signum)
+        raise KeyboardInterrupt
+
+    began = time.monotonic()
+    before_alarm = signal.signal(signal.SIGALRM, alarm)
+    before_int = signal.getsignal(signal.SIGINT)
+    if before_int != signal.SIG_IGN:  # ignored (a background job): it stays so
+        signal.signal(signal.SIGINT, interrupt)
+    timer = signal.setitimer(signal.ITIMER_REAL, deadline_s)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before_alarm)
+        if before_int is not None:
+            signal.signal(signal.SIGINT, before_int)
+        if timer[0]:
+            left = max(timer[0] - (time.monotonic() - began), 0.001)
+            signal.setitimer(signal.ITIMER_REAL, left, timer[1])
+
+
 def broken(key: str, spec: str, problem: str) -> FactoryError:
     """The error for a factory that ran but returned the wrong thing."""
     return FactoryError(f"{key}={spec} {problem}; the contract: {CONTRACT[key]}")
@@ -74,7 +135,7 @@ def check(key: str, spec: str) -> None:
     """The factory can be found and takes the arguments the kit will give it (the launcher's
     check: nothing is called)."""
     args, kwargs = EXAMPLE_CALL[key]
-    _check_signature(key, spec, find(key, spec), args, kwargs)
+    _check_signature(key, spec, find(key, spec, deadline_s=IMPORT_S), args, kwargs)
 
 
 def call(key: str, spec: str, *args: Any, **kwargs: Any) -> Any:

@@ -1,10 +1,17 @@
 """The processes of local jobs: their tasks are found by the environment submitit's controller
-gives them, so they can be seen, waited for and ended even after the controller is gone."""
+gives them, so they can be seen, waited for and ended even after the controller is gone.
+
+A process counts as a job's only where that proves it: it is this user's, and its environment
+(which only its owner can read) holds the command submitit gave it, naming the job's folder. A
+PID read from a run folder proves nothing: a run folder is data, which anyone with write access
+to it could point at another process.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 from pathlib import Path
 
 JOB_ID = b"SUBMITIT_LOCAL_JOB_ID"
@@ -23,7 +30,7 @@ def task_table() -> Table:
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         values = _environ(int(entry))
-        if JOB_ID not in values or RANK not in values:
+        if JOB_ID not in values or RANK not in values or not _own(int(entry)):
             continue
         with contextlib.suppress(ValueError):
             task = (
@@ -36,17 +43,46 @@ def task_table() -> Table:
 
 
 def local_tasks(
-    job_id: str, run_name: str | None = None, table: Table | None = None
+    job_id: str, logs: Path | None = None, table: Table | None = None
 ) -> dict[int, list[int]]:
     """The live processes of local job `job_id` but this one, by rank: its tasks (in a container
-    too, with the runtime's process that started them) and what they started. `run_name`: only a
-    job whose command names that run folder, since a later job may be given the same id.
-    `table`: a `task_table()` read before, else /proc is read now."""
+    too, with the runtime's process that started them) and what they started. `logs`: only a
+    job whose command names that folder (the run's logs), since a later job may be given the
+    same id. `table`: a `task_table()` read before, else /proc is read now."""
     found: dict[int, list[int]] = {}
     for rank, pid, command in (task_table() if table is None else table).get(job_id, []):
-        if run_name is None or run_name in command:
+        if logs is None or names_folder(command, logs):
             found.setdefault(rank, []).append(pid)
     return found
+
+
+def started_for(pid: int, logs: Path) -> bool:
+    """Whether process `pid` is this user's and was started by submitit for the job folder
+    `logs`: a local job's controller (its environment holds the command it starts the tasks
+    with), or one of its tasks."""
+    command = _environ(pid).get(COMMAND)
+    return (
+        command is not None and _own(pid) and names_folder(command.decode("utf-8", "replace"), logs)
+    )
+
+
+def names_folder(command: str, folder: Path) -> bool:
+    """Whether one of the command's arguments is `folder`, however written (submitit's command
+    ends with its job folder, as an absolute path)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # unbalanced quotes: no command of submitit's
+        return False
+    wanted = os.path.realpath(folder)
+    return any(os.path.realpath(word) == wanted for word in words if word.startswith("/"))
+
+
+def _own(pid: int) -> bool:
+    """Whether the process is this user's (root's processes are root's alone, too)."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == os.getuid()
+    except OSError:
+        return False
 
 
 def _environ(pid: int) -> dict[bytes, bytes]:

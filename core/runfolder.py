@@ -31,6 +31,7 @@ from typing import Any
 from core import slurm
 from core.errors import KitError
 from core.settings.loading import from_dict, load_config, to_dict, to_yaml
+from core.settings.rules import world_size
 from core.settings.schema import Config
 
 SCHEMA = 1  # of run.json and of every record; a reader refuses a newer one, naming the fix
@@ -45,11 +46,14 @@ STATE = "checkpoints/state.pt"  # the whole training state a job resumes from
 # A sharded strategy's (FSDP's) model and optimizer state: one torch.distributed.checkpoint
 # folder per save, each rank writing its own shards; state.pt names the one it belongs to.
 SHARDS = "checkpoints/shards"
+PROGRAM_CHECKPOINTS = "checkpoints/program"  # a user's program saves here (slurm_ddp_kit)
 # Under logs/: the port a local job's rendezvous store took, for its other processes to read.
 STORE_PORT = "store-{job}.port"
 CLAIM = ".submitting"  # locked while a launcher checks the folder is free and submits into it
-KINDS = ("start", "epoch", "progress", "notice", "stop", "error", "summary")
+# `log`: a user's program's own record (`slurm_ddp_kit.log`), its values under `fields`.
+KINDS = ("start", "epoch", "progress", "notice", "stop", "error", "summary", "log")
 ENDS = ("error", "summary", "stop")  # the kinds a rank's attempt ends with
+MAX_RANKS = 100_000 * 64  # cluster.nodes × cluster.gpus_per_node at their largest
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9@+=:,./_-]+")  # needs no shell quoting; no Slurm % pattern
 
 
@@ -255,6 +259,13 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     try:  # read first, ask why only when that fails: one system call less per run
         meta = json.loads(_read_bytes(path))
     except (OSError, ValueError) as err:
+        if isinstance(err, OSError) and err.errno == errno.ENAMETOOLONG:
+            raise  # the path itself is refused: the command line says so (core.cli)
+        if isinstance(err, OSError) and err.errno == errno.EACCES and not os.path.lexists(path):
+            raise RunFolderError(
+                f"{run_dir}: permission denied: pick a path this user can reach, or ask its "
+                "owner for access"
+            ) from None
         if not os.path.lexists(path):
             raise RunFolderError(_not_a_run_folder(run_dir)) from None
         raise RunFolderError(f"{path} cannot be read ({err}): the run folder is damaged") from None
@@ -265,9 +276,22 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
             f"{path} has schema {meta['schema']}, newer than this kit's {SCHEMA}: "
             "read it with the newer kit that wrote it (pip install -U the kit)"
         )
-    if misfit := _misfit_fields(meta, _META_FIELDS):
+    if misfit := _misfit_fields(meta, _META_FIELDS) or _misfit_job_ids(meta):
         raise RunFolderError(f"{path} is damaged: {misfit}")
     return meta
+
+
+def _misfit_job_ids(meta: dict[str, Any]) -> str:
+    """'' where every job id run.json names is a Slurm job id (a local job's PID is digits too):
+    they become Slurm commands' arguments and log files' names, and a run folder is data."""
+    for job in [meta.get("job_id"), *meta.get("jobs", [])]:
+        if job is not None and not (isinstance(job, str | int) and slurm.is_job_id(str(job))):
+            return (
+                f"its job id {job!r} is not a Slurm job id (digits, or J_K for an array's "
+                "element): nothing was passed to Slurm; put the job's own id back, or start a "
+                "new run"
+            )
+    return ""
 
 
 # run.json's fields that readers use, and the types each may have (see _FIELDS).
@@ -293,8 +317,9 @@ def claimed(run_dir: Path, wait_s: float = 120) -> Iterator[None]:
     the folder is live and recording the job submitted, so that a second `launch resume` started
     at the same moment waits, then finds the first one's job and refuses. The lock (flock) goes
     with the process that holds it, a killed launcher's included."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
     try:
-        handle = open(run_dir / CLAIM, "a")  # noqa: SIM115 (held open for the lock's lifetime)
+        handle = os.fdopen(open_inside(run_dir, run_dir / CLAIM, flags), "a")
     except OSError as err:
         raise RunFolderError(f"cannot lock {run_dir} for the submission: {err.strerror}") from None
     with handle:
@@ -334,7 +359,7 @@ def load_job_config(run_dir: Path) -> Config:
             f"{path} does not exist: is {run_dir} a run folder made by `python -m launch submit` "
             "or `python -m launch prepare`?"
         )
-    return load_config(config_file=path)
+    return load_config([path])
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -379,7 +404,7 @@ def first_failure(run_dir: Path) -> dict[str, Any] | None:
     a rank it ended for the job's sake is reported after the step's end, and a peer's error may
     read as its own.
     """
-    views = {rank: read_rank(run_dir, rank) for rank in rank_files(run_dir)}
+    views = {rank: read_rank(run_dir, rank) for rank in rank_files(run_dir, _ranks(run_dir))}
     errors = [r for view in views.values() for r in of_kind(view, "error")]
     ended = slurm.first_bad_exit(srun_output(run_dir))
     if ended and ended.by_signal:
@@ -417,6 +442,14 @@ def first_failure(run_dir: Path) -> dict[str, Any] | None:
 STOOD_STILL_S = 5.0  # a rank that did not run for this long was stopped, not merely slow
 
 
+def _ranks(run_dir: Path) -> int:
+    """The run's world size, as its settings make it (the bound of its rank files)."""
+    try:
+        return world_size(read_config(run_dir))
+    except KitError:  # the caller reports the damaged run.json; files alone bound nothing more
+        return MAX_RANKS
+
+
 def _ended_by_slurm(views: dict[int, list[dict[str, Any]]], ended: slurm.TaskEnd) -> dict[str, Any]:
     rank = ended.tasks[0]
     start = (of_kind(views.get(rank, []), "start") or [{}])[-1]
@@ -434,9 +467,14 @@ def _ended_by_slurm(views: dict[int, list[dict[str, Any]]], ended: slurm.TaskEnd
 def srun_output(run_dir: Path) -> str:
     """srun's own messages for the run's job: the sbatch scripts copy them into the run folder;
     under submitit they are in the job's first stderr log (the batch step's is task 0's). The
-    stdout logs, which hold the whole training's output, are not read."""
-    errs = [path for path in log_files(run_dir, 0, earlier_jobs=False) if path.suffix == ".err"]
-    paths = [logs_dir(run_dir) / SRUN_LOG, *errs]
+    stdout logs, which hold the whole training's output, are not read. Logs that lead out of
+    the run folder are passed over here (`launch logs` names them): one hostile folder must not
+    stop `status` of the others."""
+    try:
+        errs = [p for p in log_files(run_dir, 0, earlier_jobs=False) if p.suffix == ".err"]
+        paths = [_log_inside(run_dir, logs_dir(run_dir) / SRUN_LOG), *errs]
+    except RunFolderError:
+        return ""
     texts = []
     for path in paths:
         with contextlib.suppress(OSError):
@@ -468,7 +506,8 @@ def went_silent(view: list[dict[str, Any]]) -> bool:
 
 def nodes_of(run_dir: Path) -> list[str]:
     """The nodes the ranks of the run's last attempt started on (from their start records)."""
-    starts = (of_kind(read_rank(run_dir, rank), "start") for rank in rank_files(run_dir))
+    ranks = rank_files(run_dir, _ranks(run_dir))
+    starts = (of_kind(read_rank(run_dir, rank), "start") for rank in ranks)
     return sorted({str(s[-1]["node"]) for s in starts if s and s[-1].get("node")})
 
 
@@ -518,7 +557,9 @@ def publish_store_port(run_dir: Path, job_id: str, port: int) -> None:
     path = _store_port_path(run_dir, job_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.{os.getpid()}")
-    staging.write_text(str(port))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    with os.fdopen(open_inside(run_dir, staging, flags), "w") as f:
+        f.write(str(port))
     os.replace(staging, path)
 
 
@@ -542,25 +583,51 @@ def metrics_path(run_dir: Path, rank: int) -> Path:
     return run_dir / METRICS / f"rank-{rank:05d}.jsonl"
 
 
-def rank_files(run_dir: Path) -> dict[int, Path]:
-    """Each rank's records file, by rank."""
+def rank_files(run_dir: Path, ranks: int = MAX_RANKS) -> dict[int, Path]:
+    """Each rank's records file, by rank, of the run's `ranks` (its world size); a file named
+    as a rank's that is none of them, and a metrics folder that cannot be read, are passed
+    over with a warning."""
+    folder = Path(run_dir, METRICS)
     try:
-        entries = list(os.scandir(os.path.join(run_dir, METRICS)))
+        entries = list(os.scandir(folder))
     except (FileNotFoundError, NotADirectoryError):  # no records yet
         return {}
-    files = {}
+    except OSError as err:
+        _warn_once(folder, f"{folder} cannot be read ({err.strerror}): its records are skipped")
+        return {}
+    files, strays = {}, []
     for entry in entries:
         rank = _rank_of(entry.name)
-        if rank is not None:
+        if rank is not None and rank < min(ranks, MAX_RANKS):
             files[rank] = Path(entry.path)
+        elif entry.name.startswith("rank-") and entry.name.endswith(".jsonl"):
+            strays.append(entry.name)
+    if strays:
+        more = f" (and {len(strays) - 1} more)" if len(strays) > 1 else ""
+        _warn_once(
+            folder,
+            f"{folder}: {min(strays)}{more} skipped: no rank of this run, whose ranks are "
+            f"0–{min(ranks, MAX_RANKS) - 1}",
+        )
     return dict(sorted(files.items()))
 
 
 def _rank_of(name: str) -> int | None:
     """The rank whose records file this is (rank-00003.jsonl: 3); None for any other file."""
-    if name.startswith("rank-") and name.endswith(".jsonl") and name[5:-6].isdigit():
-        return int(name[5:-6])
+    digits = name[5:-6]
+    if name.startswith("rank-") and name.endswith(".jsonl") and _RANK_DIGITS.fullmatch(digits):
+        return int(digits)
     return None
+
+
+_RANK_DIGITS = re.compile(r"[0-9]{1,9}")  # ASCII digits only (str.isdigit takes '٣' too)
+
+
+def _warn_once(key: Path, text: str) -> None:
+    """One warning per file or folder and process: a reader may look at a run many times."""
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("warning: %s", text)
 
 
 class RecordWriter:
@@ -568,14 +635,19 @@ class RecordWriter:
 
     def __init__(self, run_dir: Path, rank: int) -> None:
         self.rank = rank
-        self.path = metrics_path(run_dir, rank)
+        self.run_dir = run_dir
+        self.path = no_links(run_dir, metrics_path(run_dir, rank))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._end_cut_line()
 
     def _end_cut_line(self) -> None:
         """A job killed mid-write leaves a line without its newline: end it, so this attempt's
         first record is not glued to it (the reader then skips the cut line alone)."""
-        with contextlib.suppress(OSError), self.path.open("rb+") as f:  # no file: nothing cut
+        try:
+            f = os.fdopen(open_inside(self.run_dir, self.path, os.O_RDWR), "rb+")
+        except OSError:  # no file: nothing cut (an unreadable one: the first write says why)
+            return
+        with contextlib.suppress(OSError), f:
             if f.seek(0, os.SEEK_END) == 0:
                 return
             f.seek(-1, os.SEEK_END)
@@ -585,7 +657,8 @@ class RecordWriter:
     def write(self, kind: str, **fields: Any) -> dict[str, Any]:
         assert kind in KINDS, kind
         record = {"schema": SCHEMA, "kind": kind, "time": time.time(), "rank": self.rank, **fields}
-        with self.path.open("a") as f:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        with os.fdopen(open_inside(self.run_dir, self.path, flags), "a") as f:
             f.write(json.dumps(record) + "\n")
         return record
 
@@ -597,17 +670,19 @@ def read_records(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
         text = _read_bytes(path).decode(errors="replace")  # a bad byte spoils its line only
     except OSError as err:  # unreadable by this user, say: the other ranks' files still count
         return [], [f"{path}: cannot be read ({err.strerror}), skipped"]
+    lines = text.splitlines()
     try:  # one parse for the whole file: the common case, and the fast one
-        parsed = json.loads("[" + ",".join(text.splitlines()) + "]")
-        if all(
-            isinstance(r, dict) and r.get("schema") == SCHEMA and not _misfit(r) for r in parsed
-        ):
-            return parsed, []
-    except ValueError:
+        if max(map(len, lines), default=0) <= MAX_LINE:
+            parsed = json.loads("[" + ",".join(lines) + "]")
+            if all(
+                isinstance(r, dict) and r.get("schema") == SCHEMA and not _misfit(r) for r in parsed
+            ):
+                return parsed, []
+    except (ValueError, RecursionError):  # RecursionError: a line nested too deep
         pass
     records: list[dict[str, Any]] = []
     problems: list[str] = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
         record, problem = _parse_line(line)
         if problem:
             problems.append(f"{path}:{number}: {problem}")
@@ -616,9 +691,16 @@ def read_records(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return records, problems
 
 
+MAX_LINE = 1 << 20  # characters of one record: the largest the kit writes (a summary) is a few kB
+
+
 def _parse_line(line: str) -> tuple[dict[str, Any], str]:
+    if len(line) > MAX_LINE:
+        return {}, f"line of {len(line)} characters skipped: no record of this kit is so long"
     try:
         record = json.loads(line)
+    except RecursionError:
+        return {}, "line skipped: nested deeper than any record of this kit"
     except ValueError:
         record = None
     if not isinstance(record, dict) or "kind" not in record:
@@ -649,6 +731,9 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "*": {"kind": _TEXT, "time": _NUMBER, "rank": _INT},
     "start": {
         **dict.fromkeys(("pid", "world_size", "gpu_count", "first_epoch", "restarts"), _INT),
+        **dict.fromkeys(("local_rank", "local_world_size", "node_rank", "master_port"), _INT),
+        **dict.fromkeys(("master_addr", "source", "device", "cuda_visible_devices"), _MAYBE_TEXT),
+        "python": _MAYBE_TEXT,
         **dict.fromkeys(("train_samples", "test_samples", "epochs", "global_batch"), _INT),
         **dict.fromkeys(("host", "mode", "task", "backend", "torch"), _TEXT),
         **dict.fromkeys(("node", "job_id", "device_name"), _MAYBE_TEXT),
@@ -660,6 +745,7 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
         **dict.fromkeys(("cpus", "placement"), _MAYBE_TEXT),
         **dict.fromkeys(("cpus_usable", "cpus_asked"), _MAYBE_INT),
         "gpu_ids": (list, type(None)),
+        "program": (list,),
     },
     "epoch": {
         "epoch": _INT,
@@ -692,15 +778,71 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
         **dict.fromkeys(("epoch", "batches", "requeues_used"), _INT),
         "requeue": (str, int, type(None)),
         **dict.fromkeys(("slurm_state", "not_requeued"), _MAYBE_TEXT),
+        "saved": (bool,),
     },
     "error": {
         **dict.fromkeys(("error", "host", "traceback_tail"), _TEXT),
         "node": _MAYBE_TEXT,
         "kit_error": (bool,),
         "stood_still_s": _MAYBE_NUMBER,
+        "exit_code": _MAYBE_INT,
     },
     "notice": {"text": _TEXT},
+    "log": {"fields": (dict,)},
 }
+
+# The lists and mappings of a record whose entries readers compute with (a mapping's values are
+# its entries): the types an entry may have, or for an entry that is a mapping (a summary's
+# `gpus` entry per card), the types of its fields.
+_ITEMS: dict[str, dict[str, tuple[type, ...] | dict[str, tuple[type, ...]]]] = {
+    "start": {"startup_parts": _MAYBE_NUMBER, "gpu_ids": _MAYBE_INT},
+    "summary": {
+        "gpus": {
+            "cuda_index": _MAYBE_INT,
+            "name": _MAYBE_TEXT,
+            "util_samples": _MAYBE_INT,
+            **dict.fromkeys(
+                ("util_pct", "nvml_used_mb_peak", "max_allocated_mb", "max_reserved_mb"),
+                _MAYBE_NUMBER,
+            ),
+            "energy_j": _MAYBE_NUMBER,
+        },
+        "trials": {
+            **dict.fromkeys(("global_batch", "width", "parameters"), _MAYBE_INT),
+            "fits": (bool,),
+        },
+    },
+}
+
+_MOST = float(2**53)  # past this a number is no count, time or size of a run
+_RANK, _COUNT, _SECONDS = (0, MAX_RANKS - 1), (0, _MOST), (0.0, _MOST)
+# The ranges of the numbers readers loop over, size by or print as times: a record holding one
+# outside its range (a hand edit, another tool's line) is skipped as one of a wrong type is.
+_RANGES: dict[str, dict[str, tuple[float, float]]] = {
+    "*": {"rank": _RANK, "time": _SECONDS},
+    "start": {
+        **dict.fromkeys(("world_size", "local_world_size"), (1, MAX_RANKS)),
+        **dict.fromkeys(("local_rank", "node_rank"), _RANK),
+        **dict.fromkeys(("first_epoch", "epochs"), (1, 1_000_001)),  # train.epochs' range
+        **dict.fromkeys(("gpu_count", "restarts", "resumed_at_batch", "pid"), _COUNT),
+        **dict.fromkeys(("startup_s", "data_touched"), _SECONDS),
+        "master_port": (0, 65535),
+    },
+    "epoch": {"epoch": (1, 1_000_000)},
+    "progress": {
+        "epoch": (1, 1_000_000),
+        **dict.fromkeys(("batch", "batches"), _COUNT),
+        "seconds": _SECONDS,
+    },
+    "summary": {
+        **dict.fromkeys(("train_seconds", "total_seconds"), _SECONDS),
+        **dict.fromkeys(("epochs", "attempts", "untimed", "diverged_epoch"), _COUNT),
+    },
+    "stop": dict.fromkeys(("epoch", "batches", "requeues_used"), _COUNT),
+    "error": {"stood_still_s": _SECONDS},
+}
+# Per kind, with the fields every record has.
+_BOUNDS = {kind: tuple({**_RANGES["*"], **_RANGES.get(kind, {})}.items()) for kind in _FIELDS}
 
 
 class _Absent:
@@ -721,17 +863,47 @@ _ABSENT = itertools.repeat(_Absent())
 
 
 def _misfit(record: dict[str, Any]) -> str:
-    """'' for a record whose known fields have their types; else the first that has not.
+    """'' for a record whose known fields have their types and ranges; else the first that has
+    not.
 
     summarize checks every record of every run, so the common case runs in C: each known field's
     exact type (json gives int, float, str, bool, None, list and dict only) looked up in a set.
     """
     kind = record.get("kind")
-    names, allowed = _CHECKS.get(kind, _CHECKS["*"]) if isinstance(kind, str) else _CHECKS["*"]
+    kind = kind if isinstance(kind, str) and kind in _CHECKS else "*"
+    names, allowed = _CHECKS[kind]
     types = map(type, map(record.get, names, _ABSENT))
-    if all(map(frozenset.__contains__, allowed, types)):
-        return ""
-    return _misfit_fields(record, _FIELDS["*"] | _FIELDS.get(str(kind), {}))
+    if not all(map(frozenset.__contains__, allowed, types)):
+        return _misfit_fields(record, _FIELDS["*"] | _FIELDS.get(kind, {}))
+    for name, (low, high) in _BOUNDS[kind]:
+        value = record.get(name)
+        if value is not None and not low <= value <= high:  # NaN is in no range
+            return f"its {name} is {value!r}, not in {low}..{high}"
+    return _misfit_items(record, _ITEMS.get(kind, {}))
+
+
+def _misfit_items(record: dict[str, Any], fields: dict[str, Any]) -> str:
+    """'' where each entry of the record's lists and mappings (a summary's `gpus`, …) has its
+    type (_ITEMS); else what is wrong with the first that has not."""
+    for name, entry_type in fields.items():
+        items = record.get(name)
+        entries = items.values() if isinstance(items, dict) else items or ()
+        for entry in entries:
+            if isinstance(entry_type, dict):  # a mapping of fields, each of its types
+                misfit = _misfit_fields(entry, entry_type) if isinstance(entry, dict) else "x"
+            else:
+                misfit = _misfit_fields({name: entry}, {name: entry_type})
+            if misfit:
+                return f"its {name} holds {_short(entry)}, not {_ENTRIES.get(name, 'a figure')}"
+    return ""
+
+
+_ENTRIES = {"gpus": "a mapping of one card's figures", "trials": "a mapping of one trial"}
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def _misfit_fields(values: dict[str, Any], fields: dict[str, tuple[type, ...]]) -> str:
@@ -740,7 +912,7 @@ def _misfit_fields(values: dict[str, Any], fields: dict[str, tuple[type, ...]]) 
             continue
         value = values[name]
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            return f"its {name} is {value!r}, not {' or '.join(t.__name__ for t in types)}"
+            return f"its {name} is {_short(value)}, not {' or '.join(t.__name__ for t in types)}"
     return ""
 
 
@@ -778,14 +950,24 @@ def read_rank(run_dir: Path, rank: int) -> list[dict[str, Any]]:
     """One rank's run view ([] before it wrote anything); unreadable lines skipped, and said
     once per file in one warning line with their count."""
     path = metrics_path(run_dir, rank)
-    if not path.is_file():
+    if _absent(path):
         return []
     records, problems = read_records(path)
-    if problems and path not in _warned:
-        _warned.add(path)
+    if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        log.warning("warning: %s%s", problems[0], more)
+        _warn_once(path, f"{problems[0]}{more}")
     return run_view(records)
+
+
+def _absent(path: Path) -> bool:
+    """No records file there (nor a regular file: a pipe is never read); one that is there but
+    cannot be looked at (a folder without permission) is left to the reader to report."""
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
 
 
 _warned: set[Path] = set()  # files whose skipped lines this process has already reported
@@ -802,6 +984,34 @@ def state_path(run_dir: Path) -> Path:
     return run_dir / STATE
 
 
+def saved_state(run_dir: Path) -> Path | None:
+    """The run's saved training state, or None where none was saved; a state.pt that is no
+    regular file (a folder, a named pipe) is refused, never taken as 'nothing saved', which
+    would start the run over from epoch 1."""
+    path = state_path(run_dir)
+    try:
+        mode = os.lstat(path).st_mode  # a link is no regular file: it may lead out of the folder
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as err:
+        raise RunFolderError(
+            f"{path} cannot be read ({err.strerror}): the run cannot resume"
+        ) from None
+    if not stat.S_ISREG(mode):
+        raise RunFolderError(
+            f"{path} is not a regular file (a folder, a pipe, a link …), so the run cannot resume from "
+            "it: remove it to start the run over, or start a new run"
+        )
+    return path
+
+
+def program_checkpoints(run_dir: Path) -> Path:
+    """A user's program's checkpoint folder, made, reached through no link (`no_links`)."""
+    folder = no_links(run_dir, run_dir / PROGRAM_CHECKPOINTS)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def shards_path(run_dir: Path, name: str) -> Path:
     return run_dir / SHARDS / name
 
@@ -809,7 +1019,7 @@ def shards_path(run_dir: Path, name: str) -> Path:
 def drop_other_shards(run_dir: Path, keep: str) -> None:
     """After state.pt names `keep`: the folders of earlier saves, and of any save that died before
     its state.pt, go (the one named stays whole until a later state.pt names another)."""
-    for folder in (run_dir / SHARDS).glob("*"):
+    for folder in no_links(run_dir, run_dir / SHARDS).glob("*"):
         if folder.name != keep:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -854,6 +1064,60 @@ def logs_dir(run_dir: Path) -> Path:
     return run_dir / LOGS
 
 
+def logs_to_write(run_dir: Path) -> Path:
+    """The logs folder a job writes into, checked by `check_writable`."""
+    return _no_links_in(run_dir, logs_dir(run_dir))
+
+
+def check_writable(run_dir: Path) -> None:
+    """Before a job is submitted into an existing run folder (`launch resume`): no symbolic link
+    where the job writes (see `no_links`), so that it is refused now, before anything is written,
+    rather than in the job."""
+    for name in (CLAIM, META, LOGS, METRICS, os.path.dirname(STATE), SHARDS):
+        _no_links_in(run_dir, run_dir / name)
+
+
+def _no_links_in(run_dir: Path, folder: Path) -> Path:
+    """`folder`, checked as `no_links` checks a path, and every entry in it: a link planted under
+    a coming file's name (a new job's log) would carry that write elsewhere. A link that leads
+    to a file of the same run folder is passed (submitit links `.submission_file_*.sh` to the
+    job's script in its logs folder)."""
+    no_links(run_dir, folder)
+    inside = run_dir.resolve()
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_symlink() and not Path(entry.path).resolve().is_relative_to(inside):
+                no_links(run_dir, Path(entry.path))
+    return folder
+
+
+def no_links(run_dir: Path, path: Path) -> Path:
+    """`path` (in the run folder), after checking that neither it nor a folder between the run
+    folder and it is a symbolic link. Run folders sit on shared file systems: a link planted in
+    one would carry the kit's writes (records, checkpoints, logs) to a file outside it."""
+    current = run_dir
+    for part in path.relative_to(run_dir).parts:
+        current = current / part
+        if current.is_symlink():
+            raise RunFolderError(
+                f"{current} is a symbolic link: the kit writes only inside the run folder, never "
+                "through a link; remove it (the kit makes what it needs), then run the command again"
+            )
+    return path
+
+
+def open_inside(run_dir: Path, path: Path, flags: int, mode: int = 0o666) -> int:
+    """os.open of a file in the run folder, through no symbolic link (see `no_links`; O_NOFOLLOW
+    also refuses a link that appears at the last moment)."""
+    try:
+        return os.open(no_links(run_dir, path), flags | os.O_NOFOLLOW, mode)
+    except OSError as err:
+        if err.errno != errno.ELOOP:
+            raise
+        no_links(run_dir, path)  # says it in words
+        raise
+
+
 def sweep_logs_dir(first_run: Path) -> Path:
     """A sweep's array writes every element's logs into one folder beside its run folders."""
     return first_run.parent / SWEEPS / first_run.name
@@ -880,7 +1144,7 @@ def log_files(run_dir: Path, rank: int, earlier_jobs: bool = True) -> list[Path]
     paths += [logs_dir(run_dir) / f"{job}_{rank}_log.{end}" for job in earlier for end in _ENDS]
     if 0 <= rank < len(recorded) and isinstance(recorded[rank], list):
         paths += [_here(run_dir, Path(p)) for p in recorded[rank] if isinstance(p, str)]
-    return [p for p in dict.fromkeys(paths) if p.is_file()]
+    return [p for p in dict.fromkeys(paths) if _log_inside(run_dir, p).is_file()]
 
 
 _ENDS = ("out", "err")
@@ -888,15 +1152,32 @@ _ENDS = ("out", "err")
 
 def _here(run_dir: Path, recorded: Path) -> Path:
     """A recorded log's path in this copy of the run folder (a moved or copied folder keeps the
-    paths of where it was made): its own logs folder, or its sweep's beside it."""
+    paths of where it was made): its own logs folder, or its sweep's beside it. Nothing else:
+    run.json is data, and a path it names elsewhere (/etc/passwd) is refused, never read."""
     folder = recorded.parent
-    if folder.name == LOGS:
-        moved = logs_dir(run_dir) / recorded.name
-    elif folder.parent.name == SWEEPS:
-        moved = run_dir.parent / SWEEPS / folder.name / recorded.name
-    else:
-        return recorded
-    return moved if moved.is_file() else recorded
+    plain = {recorded.name, folder.name}.isdisjoint({"", ".", ".."})
+    if plain and folder.name == LOGS:
+        return logs_dir(run_dir) / recorded.name
+    if plain and folder.parent.name == SWEEPS:
+        return run_dir.parent / SWEEPS / folder.name / recorded.name
+    raise RunFolderError(
+        f"{run_dir / META} names the log {recorded}, outside the run's logs folder: the kit reads "
+        f"logs only there (or in its sweep's, {SWEEPS}/); put the recorded path back, or start a "
+        "new run"
+    )
+
+
+def _log_inside(run_dir: Path, path: Path) -> Path:
+    """The log's path, refused where it leads out of the run's logs folder and its sweep's (a
+    symbolic link planted there, say): the kit prints what it finds, so never another file."""
+    homes = (logs_dir(run_dir).resolve(), (run_dir.parent / SWEEPS).resolve())
+    found = path.resolve()
+    if not any(found.is_relative_to(home) for home in homes):
+        raise RunFolderError(
+            f"{path} leads out of the run folder (to {found}): the kit reads only its own logs; "
+            "remove the link, or start a new run"
+        )
+    return path
 
 
 def shell_assignments(run_dir: Path) -> str:

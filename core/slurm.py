@@ -20,6 +20,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.errors import KitError
+
 log = logging.getLogger("kit")
 
 TIMEOUT_S = 10  # a query (status, pending reason): the controller may be slow or gone
@@ -43,6 +45,38 @@ BATCH_START = "trap '' USR2  # the time-limit warning is for the tasks: they sav
 # Reasons a job waits that time will not cure: it asks for more than the partition, account or
 # QOS allows one job (not a group limit, which frees as other jobs end), or what no node has.
 _NEVER = ("PartitionNodeLimit", "PartitionTimeLimit", "PerJob", "BadConstraints", "Invalid")
+
+
+# A Slurm job id as the kit records and passes it: a job (`123`), an array's element (`123_4`), or
+# an array's pending elements as accounting names them (`123_[4-9%2]`). A local job's id (its
+# controller's PID) is digits too. Nothing else reaches a Slurm command: ids are read from run
+# folders, which other users may write, and `--user=root` read from one would be an option.
+_JOB_ID = re.compile(r"\d+(_(\d+|\[[\d,-]+(%\d+)?\]))?")
+
+
+class JobIdError(KitError):
+    """A job id that is not Slurm's: never passed to a Slurm command."""
+
+
+def is_job_id(job_id: str) -> bool:
+    return bool(_JOB_ID.fullmatch(job_id))
+
+
+def _checked(job_ids: list[str]) -> list[str]:
+    """The ids, each refused unless it is a Slurm job id (see _JOB_ID)."""
+    for job_id in job_ids:
+        if not is_job_id(job_id):
+            raise JobIdError(
+                f"{job_id!r} is not a Slurm job id (digits, or J_K for an array's element): it "
+                "was not passed to Slurm; pass the job's own id"
+            )
+    return job_ids
+
+
+def _jobs(*job_ids: str) -> str:
+    """squeue's and sacct's job list, attached to its option: their `-j` reads a following
+    `--user=root` as an option of its own (squeue's argument is optional), `--jobs=` never."""
+    return "--jobs=" + ",".join(_checked(list(job_ids)))
 
 
 @dataclass(frozen=True)
@@ -103,7 +137,7 @@ def end_of(job_id: str) -> str | None:
     found = state(job_id)
     if found:
         return found.state if found.state in ENDED else None
-    squeue = _run("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T")
+    squeue = _run("squeue", "-h", "-t", "all", _jobs(job_id), "-o", "%T")
     if squeue is None:
         return None
     unknown = "Invalid job id" in squeue.stderr or (squeue.returncode == 0 and not squeue.stdout)
@@ -142,7 +176,7 @@ def states(job_ids: list[str]) -> dict[str, JobState]:
 
 def _queue_states(job_ids: list[str]) -> dict[str, JobState]:
     """squeue's rows of these jobs (`-r`: a pending array's elements one per line)."""
-    squeue = _run("squeue", "-h", "-r", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%M|%N")
+    squeue = _run("squeue", "-h", "-r", "-t", "all", _jobs(*job_ids), "-o", "%i|%T|%M|%N")
     if not squeue or squeue.returncode:
         return {}
     rows = (line.split("|") for line in squeue.stdout.splitlines() if line.count("|") == 3)
@@ -163,9 +197,7 @@ def _as_sacct(elapsed: str) -> str:
 
 
 def _accounting_states(job_ids: list[str]) -> dict[str, JobState]:
-    sacct = _run(
-        "sacct", "-j", ",".join(job_ids), "-X", "--parsable2", "-o", ",".join(_SACCT_FIELDS)
-    )
+    sacct = _run("sacct", _jobs(*job_ids), "-X", "--parsable2", "-o", ",".join(_SACCT_FIELDS))
     rows = parse_sacct(sacct.stdout) if sacct and sacct.returncode == 0 else {}
     return {job: _accounted(row) for job, row in rows.items()}
 
@@ -252,14 +284,14 @@ def _from_accounting(job_id: str) -> JobState | None:
 
 def queue_state(job_id: str) -> str:
     """The job's state in the queue now ('' where squeue cannot tell): asked from inside a job."""
-    squeue = _run("squeue", "-h", "-j", job_id, "-o", "%T", timeout=ACTION_TIMEOUT_S)
+    squeue = _run("squeue", "-h", _jobs(job_id), "-o", "%T", timeout=ACTION_TIMEOUT_S)
     return squeue.stdout.strip().split("\n")[0] if squeue and squeue.returncode == 0 else ""
 
 
 def time_left(job_id: str) -> tuple[int, int] | None:
     """(seconds left, time limit in seconds) of a running job; None where squeue cannot tell or
     the job has no limit."""
-    squeue = _run("squeue", "-h", "-j", job_id, "-o", "%L|%l", timeout=ACTION_TIMEOUT_S)
+    squeue = _run("squeue", "-h", _jobs(job_id), "-o", "%L|%l", timeout=ACTION_TIMEOUT_S)
     if not squeue or squeue.returncode or "|" not in squeue.stdout:
         return None
     left, limit = (seconds(word) for word in squeue.stdout.strip().splitlines()[0].split("|"))
@@ -280,7 +312,7 @@ def seconds(duration: str) -> int | None:
 
 def pending_reason(job_id: str) -> str | None:
     """Why a pending job waits, in Slurm's word and ours; None once it is not pending."""
-    squeue = _run("squeue", "-j", job_id, "-h", "-o", "%T|%r")
+    squeue = _run("squeue", _jobs(job_id), "-h", "-o", "%T|%r")
     if not squeue or squeue.returncode or not squeue.stdout.startswith("PENDING|"):
         return None
     reason = squeue.stdout.strip().splitlines()[0].partition("|")[2]
@@ -344,7 +376,7 @@ def expedite_refused() -> str:
 
 def expedites(job_id: str) -> bool | None:
     """Whether the job was submitted with --requeue=expedite; None where Slurm cannot say."""
-    done = _run("scontrol", "show", "job", job_id)
+    done = _run("scontrol", "show", "job", "--", *_checked([job_id]))
     if not done or done.returncode != 0:
         return None
     return "ExpeditedRequeue=Yes" in done.stdout
@@ -356,7 +388,7 @@ ALREADY_ENDED = "already ended"
 def cancel(job_id: str) -> str:
     """`scancel` the job; '' on success, ALREADY_ENDED where Slurm had ended it or forgotten it
     (scancel exits 0 then, and says so only with -v), else what went wrong."""
-    done = _run("scancel", "-v", job_id, timeout=ACTION_TIMEOUT_S)
+    done = _run("scancel", "-v", "--", *_checked([job_id]), timeout=ACTION_TIMEOUT_S)
     gone = ("already completing or completed", "Invalid job id specified")
     if done and done.returncode == 0 and any(word in done.stderr for word in gone):
         return ALREADY_ENDED
@@ -368,7 +400,9 @@ def cancel(job_id: str) -> str:
 
 def requeue(job_id: str) -> str:
     """Ask Slurm to requeue the job; '' on success, else what went wrong."""
-    return _problem(_run("scontrol", "requeue", job_id, timeout=ACTION_TIMEOUT_S), "scontrol")
+    return _problem(
+        _run("scontrol", "requeue", "--", *_checked([job_id]), timeout=ACTION_TIMEOUT_S), "scontrol"
+    )
 
 
 def first_bad_exit(srun_stderr: str) -> TaskEnd | None:

@@ -15,7 +15,9 @@ from typing import Any
 
 from core import container, datafiles, processes, runfolder, slurm, strategies
 from core.cli import (
+    CONFIG_HELP,
     ENDING,
+    EXIT_USAGE,
     ArgumentParser,
     HeldSignals,
     Interrupted,
@@ -23,6 +25,7 @@ from core.cli import (
     exit_status,
     interrupt_on,
     interrupt_word,
+    printable,
     run_cli,
 )
 from core.errors import KitError
@@ -33,7 +36,11 @@ from core.strategies import STRATEGIES
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args, extra = parser.parse_known_args(argv)
+    words, program = _program_apart(sys.argv[1:] if argv is None else list(argv))
+    args, extra = parser.parse_known_args(words)
+    if program and "overrides" not in args:
+        parser.error("`-- PROGRAM ARGS…` follows submit, sweep, prepare or config alone")
+    args.program = program
     # argparse stops collecting key=value at the first flag; take the ones that follow flags too.
     unknown = [e for e in extra if e.startswith("-") or "overrides" not in args]
     if unknown:
@@ -42,6 +49,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     interrupt_on(*ENDING)  # a SIGTERM or a closed terminal ends a command as Ctrl-C does
     return run_cli(args.func, args)
+
+
+def _program_apart(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The kit's words, and the user's program after the first `--` (none: the kit's loop)."""
+    if "--" not in argv:
+        return argv, []
+    at = argv.index("--")
+    if at == len(argv) - 1:
+        sys.stderr.write(
+            "error: nothing follows `--`: give the program to run, e.g. "
+            "`-- python my_train.py --epochs 3` (see `python -m launch submit --help`)\n"
+        )
+        raise SystemExit(EXIT_USAGE)
+    return argv[:at], argv[at + 1 :]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -127,7 +148,10 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
         help="the strategy: " + "; ".join(f"{s.name}: {s.summary}" for s in STRATEGIES.values()),
     )
     parser.add_argument("--nodes", type=int, help="number of nodes (DDP only above 1)")
-    parser.add_argument("--config", dest="config_file", help="YAML file merged over the defaults")
+    parser.add_argument(
+        "--config", dest="config_files", action="append", default=[], metavar="FILE",
+        help=CONFIG_HELP,
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.epochs=3")
 
 
@@ -164,8 +188,9 @@ def _add_run_arguments(parser: argparse.ArgumentParser, many: bool) -> None:
 
 def _resolve(args: argparse.Namespace, *extra: str) -> Config:
     return load_config(
-        args.config_file, [*args.overrides, *extra], mode=args.mode, nodes=args.nodes
-    )
+        args.config_files, [*args.overrides, *extra], mode=args.mode, nodes=args.nodes,
+        program=args.program,
+    )  # fmt: skip
 
 
 def _config(args: argparse.Namespace) -> int:
@@ -218,7 +243,7 @@ def _follow(
     except KeyboardInterrupt as err:
         line = interrupted(job, run_dir, err)
         with contextlib.suppress(OSError):  # a terminal that hung up takes no line
-            print(line, file=sys.stderr, flush=True)
+            print(printable(line), file=sys.stderr, flush=True)
         return exit_status(err)
 
 
@@ -254,7 +279,7 @@ def _sweep(args: argparse.Namespace) -> int:
         queued = [run_dir for run_dir, job in submitted if isinstance(job, submitit.SlurmJob)]
         for run_dir, job in submitted:
             if isinstance(job, submitit.LocalJob) and _in_flight(run_dir, job):
-                print(interrupted(job, run_dir, err), file=sys.stderr, flush=True)
+                print(printable(interrupted(job, run_dir, err)), file=sys.stderr, flush=True)
         if queued:  # one line, not a Slurm query and a line per run
             print(f"{interrupt_word(err)}: {_queued_words(queued, submitted)}", file=sys.stderr)
         if len(submitted) < len(cfgs):
@@ -311,12 +336,12 @@ def _local_sweep_result(submitted: list[tuple[Path, Any]]) -> int:
     summaries = {d: runfolder.of_kind(runfolder.read_rank(d, 0), "summary") for d in local}
     for run_dir, summary in summaries.items():  # each run's result, in the order submitted
         if summary:
-            print(f"{run_dir.name}: {result_words(summary[-1])}", flush=True)
+            print(printable(f"{run_dir.name}: {result_words(summary[-1])}"), flush=True)
     failed = [d for d, s in summaries.items() if not s or s[-1].get("diverged_epoch") is not None]
     for run_dir in failed:
         if not summaries[run_dir]:  # a diverged run has said so above
             line = failure_line(run_dir) or f"{run_dir.name}: ended without a summary"
-            print(line, file=sys.stderr)
+            print(printable(line), file=sys.stderr)
     if local:
         print(f"{len(local) - len(failed)} of the sweep's {len(local)} runs completed", flush=True)
     if failed:
@@ -432,9 +457,10 @@ def _prepare(args: argparse.Namespace) -> int:
     restarted = os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0")
     run_dir = runfolder.find_for_job(root, job_id) if restarted and job_id else None
     if run_dir is None:
-        datafiles.check_data(
-            cfg
-        )  # what `launch submit` asks of a run's data: a new one is made here
+        from launch.submit import check_factories
+
+        datafiles.check_data(cfg)  # what `launch submit` asks of a run's data and factories:
+        check_factories(cfg, trial=False)  # a new one is made here (the job tries the workload)
         run_dir = runfolder.create(cfg, launcher=args.launcher, backend="slurm", command=sys.argv)
         runfolder.update_meta(run_dir, job_id=job_id)
     if args.shell:  # the paths, then the task's command (inside the container, if one is set)
@@ -505,7 +531,7 @@ def _status(args: argparse.Namespace) -> int:
         except runfolder.RunFolderError as err:  # one bad folder does not hide the others
             if len(folders) == 1:
                 raise  # nothing else to show: an error, not a table of one unreadable row
-            print(f"warning: {err}", file=sys.stderr)
+            print(printable(f"warning: {err}"), file=sys.stderr)
             rows.append(unreadable(folder).row())
             continue
         rows.append(row := found.row())
@@ -516,9 +542,9 @@ def _status(args: argparse.Namespace) -> int:
             failures.append(line)  # only runs that went wrong: it reads every rank's records
         if state != "COMPLETED":
             failures.extend(notes(folder, state))
-    print(format_table(rows))
+    print(printable(format_table(rows)))
     for line in failures:  # the rank to look at first, under the table
-        print(line)
+        print(printable(line))
     return 0
 
 
@@ -534,15 +560,15 @@ def _cancel(args: argparse.Namespace) -> int:
             raise runfolder.RunFolderError(f"{path} is not a run folder and holds none")
         found += runs
     if len(found) == 1:
-        print(cancel(found[0]), flush=True)
+        print(printable(cancel(found[0])), flush=True)
         return 0
     failed = 0
     for run_dir in found:  # one damaged or unreachable run does not spare the others
         try:
-            print(cancel(run_dir), flush=True)
+            print(printable(cancel(run_dir)), flush=True)
         except KitError as err:
             failed += 1
-            print(f"warning: {run_dir.name}: {err}", file=sys.stderr, flush=True)
+            print(printable(f"warning: {run_dir.name}: {err}"), file=sys.stderr, flush=True)
     if failed:
         raise KitError(f"{failed} of {len(found)} runs were not cancelled: see the warnings above")
     return 0
@@ -552,11 +578,11 @@ def _logs(args: argparse.Namespace) -> int:
     from launch.jobs import log_files
 
     for path in log_files(args.run, args.rank):
-        print(f"==> {path} <==")
+        print(printable(f"==> {path} <=="))
         try:
             text = path.read_text(errors="replace")
         except OSError as err:  # one unreadable log: say so, show the rest
-            print(f"warning: {path} cannot be read ({err.strerror})", file=sys.stderr)
+            print(printable(f"warning: {path} cannot be read ({err.strerror})"), file=sys.stderr)
         else:
-            print(text, end="")
+            print(printable(text), end="")
     return 0

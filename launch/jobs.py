@@ -76,7 +76,7 @@ def status(
         if found
         else _folder_state(run_dir, records, meta, tasks)
     )
-    if found and found.state in slurm.ENDED and runfolder.of_kind(records, "summary"):
+    if found and found.state in slurm.ENDED and finished(run_dir, records):
         state = "COMPLETED"  # cancelled or failed after every rank had finished: its results
         # are whole (`resume` says it has finished, `summarize` counts it)
     if state == "COMPLETED" and diverged_epoch(records) is not None:
@@ -233,6 +233,7 @@ def _timeout_words(run_dir: Path, records: list[dict[str, Any]]) -> str:
 
 def log_files(run_dir: Path, rank: int | None) -> list[Path]:
     """The stdout/stderr files of one rank (by default the rank that failed first, else rank 0)."""
+    runfolder.read_meta(run_dir)  # a run folder, readable: before its records are looked at
     if rank is None:
         first = runfolder.first_failure(run_dir)
         rank = int(first["rank"]) if first else 0
@@ -248,6 +249,15 @@ def log_files(run_dir: Path, rank: int | None) -> list[Path]:
     return found
 
 
+def finished(run_dir: Path, records: list[dict[str, Any]]) -> bool:
+    """Whether the run ended with its results whole: rank 0's summary, and for a user's program
+    (whose ranks end each on its own) no rank that failed."""
+    if not runfolder.of_kind(records, "summary"):
+        return False
+    start = next(iter(runfolder.of_kind(records, "start")), {})
+    return start.get("task") != "program" or runfolder.first_failure(run_dir) is None
+
+
 def _folder_state(
     run_dir: Path,
     records: list[dict[str, Any]],
@@ -260,7 +270,7 @@ def _folder_state(
     host = _hosts(run_dir, records)
     stop = next(reversed(runfolder.of_kind(records, "stop")), None)  # the last attempt's
     alive = meta.get("backend") == "local" and _local_job_alive(run_dir, meta, tasks)
-    if summary:
+    if summary and finished(run_dir, records):
         state = "COMPLETED"
     elif meta.get("cancel_requested") and not alive:
         state = "CANCELLED"
@@ -281,11 +291,13 @@ def _hosts(run_dir: Path, records: list[dict[str, Any]]) -> str:
     start = next(reversed(runfolder.of_kind(records, "start")), None)
     if not start:
         return "-"
-    per_node = max(int(start.get("local_world_size") or 1), 1)
+    per_node = start.get("local_world_size") or 1
     hosts = [_node(start)]
-    for rank in range(per_node, int(start.get("world_size") or 1), per_node):
-        found = runfolder.of_kind(runfolder.read_rank(run_dir, rank), "start")[-1:]
-        hosts += [_node(found[0])] if found else []
+    # The files there, not every rank the record counts: a record is read, never trusted
+    for rank in runfolder.rank_files(run_dir, start.get("world_size") or 1):
+        if rank and rank % per_node == 0:
+            found = runfolder.of_kind(runfolder.read_rank(run_dir, rank), "start")[-1:]
+            hosts += [_node(found[0])] if found else []
     return ",".join(dict.fromkeys(hosts))
 
 
@@ -333,7 +345,7 @@ def _tasks(
     job_id = str(meta.get("job_id") or "")
     if not job_id.isdigit():
         return {}
-    return processes.local_tasks(job_id, run_dir.resolve().name, table)
+    return processes.local_tasks(job_id, runfolder.logs_dir(run_dir), table)
 
 
 def _task_pids(run_dir: Path, meta: dict[str, Any]) -> list[int]:
@@ -341,22 +353,18 @@ def _task_pids(run_dir: Path, meta: dict[str, Any]) -> list[int]:
 
 
 def _controller_alive(meta: dict[str, Any], run_dir: Path) -> bool:
-    """The local job's controller still runs: its PID is alive and is still that process (a PID
-    is reused once its process ends), judged by the identity recorded at submission; for a run
-    recorded before that, by its command line, which names the run's log folder."""
+    """The local job's controller still runs: its PID is alive, is still that process (a PID is
+    reused once its process ends: the identity recorded at submission), and is provably this
+    run's (`processes.started_for`: this user's, started for the run's logs folder). The PID and
+    identity the run folder records prove nothing alone: anyone who can write the folder can name any process,
+    which `cancel` would then signal and `status` call RUNNING."""
     pid = str(meta.get("job_id"))
     if not _alive(pid):
         return False
     recorded = meta.get("job_process")
-    if recorded:
-        return process_identity(int(pid)) == recorded
-    if not Path("/proc/self/cmdline").is_file():
-        return True  # no /proc here: the PID alone, as before
-    try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
+    if recorded and process_identity(int(pid)) != recorded:
         return False
-    return "submitit" in command and run_dir.resolve().name in command
+    return processes.started_for(int(pid), runfolder.logs_dir(run_dir))
 
 
 def _alive(pid: str) -> bool:
@@ -390,5 +398,7 @@ def _last_epoch(records: list[dict[str, Any]]) -> str:
 
 
 def _clock(seconds: object) -> str:
-    total = int(float(str(seconds)))
+    if not isinstance(seconds, int | float):  # not measured
+        return "-"
+    total = int(seconds)
     return f"{total // 3600:02d}:{total % 3600 // 60:02d}:{total % 60:02d}"

@@ -27,10 +27,17 @@ from typing import Any
 
 import submitit
 
-from core import container, datafiles, factories, runfolder, slurm, strategies
-from core.cli import ENDING, EXIT_INTERRUPTED, HeldSignals, Interrupted, interrupt_word
+from core import container, datafiles, factories, runfolder, slurm, strategies, userfiles
+from core.cli import (
+    ENDING,
+    EXIT_INTERRUPTED,
+    HeldSignals,
+    Interrupted,
+    interrupt_word,
+    printable,
+)
 from core.errors import KitError
-from core.settings.loading import to_dict
+from core.settings.loading import program_arguments, to_dict
 from core.settings.rules import (
     check_batch_fits_data,
     check_hardware,
@@ -74,9 +81,10 @@ class Training(submitit.helpers.Checkpointable):
     """
 
     entry = "run"
+    module = JOB_MODULE
 
     def __call__(self, run_dir: str) -> dict[str, Any] | None:
-        job = importlib.import_module(JOB_MODULE)
+        job = importlib.import_module(self.module)
         return typing.cast("dict[str, Any] | None", getattr(job, self.entry)(run_dir))
 
 
@@ -84,6 +92,20 @@ class ArrayElement(Training):
     """One element of a sweep's array (see `train.job.run_array_element`)."""
 
     entry = "run_array_element"
+
+
+class ProgramRun(Training):
+    """A user's program in each task (`train.program`): a sweep's element too, as its allocation
+    is its own run's shape."""
+
+    module = "train.program"
+
+
+def job_of(cfg: Config, element: bool = False) -> Training:
+    """What submitit runs in each task of `cfg`'s job."""
+    if cfg.program:
+        return ProgramRun()
+    return ArrayElement() if element else Training()
 
 
 def resolve_backend(name: Backend) -> Backend:
@@ -118,11 +140,26 @@ def check_submission(cfg: Config, dry_run: bool = False) -> Backend:
     runfolder.check_root(cfg.output.root)
     _check_container(cfg, backend, dry_run)
     _check_requeue(cfg, backend, dry_run)
-    datafiles.check_data(cfg)
-    _check_factories(cfg)
+    if cfg.program:  # the program brings its own data and model
+        _check_program(cfg)
+    else:
+        datafiles.check_data(cfg)
+        check_factories(cfg)
     if backend == Backend.local:
         check_hardware(cfg, _local_gpus(), tasks_per_node(cfg))
     return backend
+
+
+def _check_program(cfg: Config) -> None:
+    """The program's command must be found here as the job will look for it: a path, or a name
+    on PATH (the job inherits this environment)."""
+    command = cfg.program[0]
+    found = Path(command).is_file() if os.sep in command else shutil.which(command)
+    if not found:
+        raise ConfigError(
+            f"the program `{command}` is not found here (the job looks for it the same way): give "
+            "a path, or a command on PATH (e.g. `-- python my_train.py`)"
+        )
 
 
 def _check_requeue(cfg: Config, backend: Backend, dry_run: bool) -> None:
@@ -147,6 +184,13 @@ def _check_container(cfg: Config, backend: Backend, dry_run: bool) -> None:
     c = cfg.cluster.container
     if not c.image:
         return
+    container.check_code_folders(cfg)
+    for module in container.installed_factories(cfg):
+        log.warning(
+            "%s is installed in this machine's site-packages, which the container does not "
+            "mount: the image must have it too (or launch with its source folder on PYTHONPATH)",
+            module,
+        )
     if c.runtime == ContainerRuntime.pyxis:
         if backend == Backend.local:
             raise ConfigError(
@@ -172,16 +216,17 @@ def _check_container(cfg: Config, backend: Backend, dry_run: bool) -> None:
         )
 
 
-def _check_factories(cfg: Config) -> None:
+def check_factories(cfg: Config, trial: bool = True) -> None:
     """A user's model or dataset factory is imported here first: a wrong name or path fails now,
-    not in a queued job. Imported from this process's path, which the job inherits."""
+    not in a queued job. Imported from this process's path, which the job inherits; `trial`:
+    then tried on the CPU (`_try_workload`)."""
     for key, value, built_in in (
         ("model.name", cfg.model.name, MODELS),
         ("data.dataset", cfg.data.dataset, DATASETS),
     ):
         if value not in built_in:
             factories.check(key, value)
-    if cfg.model.name not in MODELS or cfg.data.dataset not in DATASETS:
+    if trial and (cfg.model.name not in MODELS or cfg.data.dataset not in DATASETS):
         _try_workload(cfg)
 
 
@@ -225,7 +270,7 @@ def _passed_mark(cfg: Config, workload: list[Any]) -> Path | None:
     files = [_stamp(trial.origin)] if trial and trial.origin else []
     for spec in (cfg.model.name, cfg.data.dataset):
         if ":" in spec:
-            module = sys.modules.get(spec.partition(":")[0])  # imported by _check_factories
+            module = sys.modules.get(spec.partition(":")[0])  # imported by check_factories
             source = getattr(module, "__file__", None)
             if not source:
                 return None
@@ -244,9 +289,13 @@ def _stamp(path: str) -> list[Any]:
 
 def _remembered(mark: Path) -> tuple[str, int | None] | None:
     """A passed trial remembered in `mark` ('', its training split's size), or None: not tried
-    yet, or remembered in a form this kit does not read."""
-    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-        samples = json.loads(mark.read_text())["train_samples"]
+    yet, remembered in a form this kit does not read, or in a file another user could have
+    planted (`core.userfiles`: a forged mark would skip the trial)."""
+    handle = userfiles.open_own(mark)
+    if handle is None:
+        return None
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError), handle:
+        samples = json.loads(handle.read())["train_samples"]
         if samples is None or (isinstance(samples, int) and samples > 0):
             return "", samples
     return None
@@ -255,8 +304,11 @@ def _remembered(mark: Path) -> tuple[str, int | None] | None:
 def _remember(mark: Path, samples: int | None) -> None:
     """Best effort: a cache that cannot be written only means the next launch tries again."""
     try:
-        mark.parent.mkdir(parents=True, exist_ok=True)
-        mark.write_text(json.dumps({"train_samples": samples}))
+        mark.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        userfiles.keep_private(mark.parent)
+        with runfolder.atomic_file(mark) as partial:  # replaces a planted link, never follows it
+            partial.chmod(0o600)
+            partial.write_text(json.dumps({"train_samples": samples}))
     except OSError as err:
         log.debug("cannot remember the trial in %s: %s", mark, err)
 
@@ -379,7 +431,8 @@ _REQUEUE: dict[Requeue, bool | str] = {Requeue.normal: True, Requeue.expedite: "
 
 
 def make_executor(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Executor:
-    logs = runfolder.logs_dir(run_dir)
+    logs = runfolder.logs_to_write(run_dir)
+    _keep_logs_private(logs)
     if backend == Backend.slurm:
         # submitit's count of requeues (its max_num_timeout) falls only in the handler the
         # kit calls, after its own checks (`train.stopping.not_requeued`): the kit decides.
@@ -430,7 +483,7 @@ def _submit_into(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Job[A
             contextlib.redirect_stderr(io.StringIO()),
             _detached_output(backend),
         ):
-            job = executor.submit(Training(), str(run_dir))
+            job = executor.submit(job_of(cfg), str(run_dir))
     except (submitit.core.utils.FailedSubmissionError, submitit.core.utils.FailedJobError) as err:
         runfolder.update_meta(run_dir, submit_error=str(err))
         raise SubmitError(refusal(err)) from None
@@ -524,6 +577,7 @@ def resume(run_dir: Path, held: HeldSignals | None = None) -> submitit.Job[Any]:
     """Submit a new job into an existing run folder; it resumes from the folder's checkpoint.
     `held`: as for `submit`, held from the submission on."""
     runfolder.read_meta(run_dir)  # a run folder, whole: before the claim leaves a file in it
+    runfolder.check_writable(run_dir)  # before anything is written into it
     if not os.access(run_dir, os.W_OK | os.X_OK):  # also a read-only mount
         raise SubmitError(
             f"{run_dir} is not writable here: the resumed job writes its records and checkpoints "
@@ -534,7 +588,7 @@ def resume(run_dir: Path, held: HeldSignals | None = None) -> submitit.Job[Any]:
 
 
 def _resume_claimed(run_dir: Path, held: HeldSignals | None) -> submitit.Job[Any]:
-    from launch.jobs import status, still_held
+    from launch.jobs import finished, status, still_held
 
     now = status(run_dir)
     if still_held(now.state):  # suspended or SIGSTOPped too: it goes on when Slurm resumes it
@@ -542,8 +596,9 @@ def _resume_claimed(run_dir: Path, held: HeldSignals | None) -> submitit.Job[Any
             f"{run_dir.name} is {now.state} as job {now.job_id}: one job at a time writes a run "
             "folder; wait for it, or cancel it first (`python -m launch cancel`)"
         )
-    if runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):
+    if finished(run_dir, runfolder.read_rank(run_dir, 0)):
         raise SubmitError(f"{run_dir.name} has finished: there is nothing to resume")
+    runfolder.saved_state(run_dir)  # one that is no file is refused, not taken for none
     cfg = runfolder.load_job_config(run_dir)
     backend = check_submission(cfg)
     # Cleared first: the new job must not take the last job's cancel as its own.
@@ -590,7 +645,7 @@ def _scheduler_words(err: Exception) -> str:
 
 
 def _say(line: str) -> None:
-    print(line, flush=True)  # each line as it happens, also into a pipe or a file
+    print(printable(line), flush=True)  # each line as it happens, also into a pipe or a file
 
 
 def follow(
@@ -616,10 +671,12 @@ def follow(
     # A local job starts at once: say what it does until rank 0 has started (a Slurm job's
     # wait in the queue is said by _say_pending, its start by the start line).
     if shown.attempt is None and isinstance(job, submitit.LocalJob):
-        warm_up = _warm_up_words(runfolder.read_config(run_dir))
+        cfg = runfolder.read_config(run_dir)
         progress(
-            f"starting {job.num_tasks} task(s): Python and torch, the process group, the model"
-            f"{warm_up}, the data (the first epoch follows)"
+            f"starting {job.num_tasks} task(s) of the program"
+            if cfg.program
+            else f"starting {job.num_tasks} task(s): Python and torch, the process group, the "
+            f"model{_warm_up_words(cfg)}, the data (the first epoch follows)"
         )
     pending, look = "", time.monotonic() + PENDING_LOOK_S
     slurm_says, slurm_end = _SlurmWord(job, run_dir, say), _SlurmEnd(job)
@@ -650,14 +707,55 @@ def follow(
         result = summary[-1]
     else:
         try:
-            result = job.results()[0]  # every task must succeed; rank 0 holds the summary
-        except Exception as err:  # submitit re-raises the task's error with its traceback
+            result = _result(job)  # every task must succeed; rank 0 holds the summary
+        except SubmitError as err:
             return _failed(job, run_dir, str(err), say)
     if result.get("diverged_epoch") is not None:
         say(f"job {job.job_id} diverged: {diverged_words(result)}")
         return EXIT_FAILED
     say(f"job {job.job_id} done: {result_words(result)}")
     return 0
+
+
+RESULT_WAIT_S = 30  # for a task's result file after its job ended (a slow shared file system)
+
+
+def _result(job: submitit.Job[Any]) -> dict[str, Any]:
+    """Rank 0's result once every task succeeded, read from submitit's result files as plain
+    data (`userfiles.plain_data`: a pickle another user planted in the logs folder builds no
+    object, where submitit's own reader would run its code); SubmitError naming a task that
+    failed or left no result."""
+    results = [_task_result(job.task(rank)) for rank in range(job.num_tasks)]
+    return typing.cast("dict[str, Any]", results[0])
+
+
+def _task_result(task: submitit.Job[Any]) -> Any:
+    path = task.paths.result_pickle
+    deadline = time.monotonic() + RESULT_WAIT_S
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(1.0)
+    try:
+        outcome, value = userfiles.plain_data(path)
+    except (OSError, ValueError, TypeError) as err:
+        raise SubmitError(f"task {task.task_id} left no result to read ({err})") from None
+    if outcome != "success":
+        raise SubmitError(f"task {task.task_id} failed:\n{value}")
+    return value
+
+
+def _keep_logs_private(logs: Path) -> None:
+    """The logs folder holds the pickles submitit's runner loads (`train.start`): writable by
+    the user alone, whatever the umask."""
+    logs.mkdir(parents=True, exist_ok=True)
+    userfiles.keep_private(logs)
+
+
+def saved_words(stop: dict[str, Any]) -> str:
+    """What a stopped attempt saved: where the kit's loop stood, or whether a user's program
+    saved anything new in its checkpoint folder."""
+    if "epoch" in stop:
+        return f"saved in epoch {stop['epoch']} after batch {stop.get('batches', 0)}"
+    return "its program saved" if stop.get("saved") else "its program saved nothing new"
 
 
 def _failed(job: submitit.Job[Any], run_dir: Path, error: str, say: Callable[[str], None]) -> int:
@@ -667,8 +765,8 @@ def _failed(job: submitit.Job[Any], run_dir: Path, error: str, say: Callable[[st
     if stop:  # stopped on purpose and saved: no failure, and no traceback
         why = f"; not requeued: {stop['not_requeued']}" if stop.get("not_requeued") else ""
         say(
-            f"job {job.job_id} stopped ({stop['reason']}), saved in epoch {stop['epoch']} "
-            f"after batch {stop['batches']}{why}; {continue_words(run_dir)}"
+            f"job {job.job_id} stopped ({stop['reason']}), {saved_words(stop)}{why}; "
+            f"{continue_words(run_dir)}"
         )
         return EXIT_FAILED
     first = runfolder.first_failure(run_dir)
@@ -819,7 +917,7 @@ def _requeued(run_dir: Path) -> str:
     why = [f"node {node} is not answering Slurm ({word})" for node, word in lost.items()]
     stops = runfolder.of_kind(records, "stop")
     if stops:
-        why.append(f"saved in epoch {stops[-1]['epoch']} after batch {stops[-1]['batches']}")
+        why.append(saved_words(stops[-1]))
     else:
         why.append("it goes on from its last checkpoint")
     return f"requeued ({'; '.join(why)}), "
@@ -900,6 +998,8 @@ def result_words(result: dict[str, Any]) -> str:
         return f"largest global batch that fits: {largest} (within 5 %)"
     if "largest_width" in result:
         return _widest_words(result)
+    if "program" in result:
+        return f"the program ended with status 0 after {result.get('total_seconds') or 0:.1f} s"
     return (
         f"test accuracy {result['final_test_accuracy']:.2%}, test loss {result['final_test_loss']:.4f}, "
         f"{result['train_seconds']:.1f} s training{_over_attempts(result)}"
@@ -913,6 +1013,26 @@ def _over_attempts(result: dict[str, Any]) -> str:
         return ""
     split = f"; {untimed} epoch(s) split across attempts not timed" if untimed else ""
     return f" (its epochs over {attempts} attempts, each epoch once{split})"
+
+
+def _show_program(
+    records: list[dict[str, Any]], start: dict[str, Any], shown: _Shown, say: Callable[[str], None]
+) -> None:
+    """A program's run: each attempt's start, then each record it logged (`slurm_ddp_kit.log`)."""
+    if start["time"] != shown.attempt:
+        if shown.attempt is not None:
+            say("started again (requeued or resumed)")
+        words = shlex.join(start.get("program") or [])
+        say(f"{start.get('world_size', '?')} rank(s) started `{words}`")
+        shown.attempt, shown.last = start["time"], 0
+    logs = [r for r in runfolder.of_kind(records, "log") if r["time"] >= start["time"]]
+    for record in logs[shown.last :]:
+        say(", ".join(f"{key} {_value_words(value)}" for key, value in record["fields"].items()))
+    shown.last = max(shown.last, len(logs))
+
+
+def _value_words(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _started_words(start: dict[str, Any]) -> str:
@@ -974,6 +1094,9 @@ def _show_epochs(run_dir: Path, shown: _Shown, say: Callable[[str], None]) -> No
     has those epochs said again."""
     records = runfolder.read_rank(run_dir, 0)
     start = next(iter(runfolder.of_kind(records, "start")), None)
+    if start and start.get("task") == "program":
+        _show_program(records, start, shown, say)
+        return
     epochs = runfolder.of_kind(records, "epoch")
     if start and start["time"] != shown.attempt:
         first, batch = start.get("first_epoch", 1), start.get("resumed_at_batch", 0)
@@ -983,7 +1106,7 @@ def _show_epochs(run_dir: Path, shown: _Shown, say: Callable[[str], None]) -> No
         if start.get("placement"):
             say(f"warning: {start['placement']}")
         shown.attempt, shown.last = start["time"], min(shown.last, first - 1)
-    world, total = (start["world_size"], start["epochs"]) if start else (1, "?")
+    world, total = (start["world_size"], start.get("epochs", "?")) if start else (1, "?")
     for r in epochs[shown.last :]:
         timing = (
             f"{r['seconds']:.2f} s, {r['samples'] * world / r['seconds']:.0f} samples/s"
@@ -1025,6 +1148,8 @@ def dry_run(cfg: Config) -> str:
     backend = check_submission(cfg, dry_run=True)
     run_dir = runfolder.check_root(cfg.output.root) / runfolder.new_name(cfg)
     head = f"run folder (made on submit, named then): {run_dir}\n"
+    if cfg.program:
+        head += f"program in each task: {shlex.join(program_arguments(cfg))}\n"
     if backend == Backend.local:
         return (
             f"{head}backend: local (submitit LocalExecutor)\ntasks: {world_size(cfg)}\n"
@@ -1055,7 +1180,7 @@ def _script_for(cfg: Config, run_dir: Path) -> str:
         folder = Path(scratch) / "run"
         executor = make_executor(cfg, folder, Backend.slurm)
         executor.update_parameters(job_name=f"kit-{run_dir.name}")
-        executor.submit(Training(), str(run_dir))
+        executor.submit(job_of(cfg), str(run_dir))
         return captured.read_text().replace(str(folder), str(run_dir))
 
 
@@ -1203,7 +1328,7 @@ def _array(
     executor = _array_executor(cfgs, logs, run_dirs[0], parallel)
     try:
         with _without_enclosing_job(), contextlib.redirect_stderr(io.StringIO()):
-            return executor.map_array(ArrayElement(), [str(d) for d in run_dirs])
+            return executor.map_array(job_of(cfgs[0], element=True), [str(d) for d in run_dirs])
     except (submitit.core.utils.FailedSubmissionError, submitit.core.utils.FailedJobError) as err:
         raise SubmitError(refusal(err, f"the sweep's array of {len(run_dirs)} runs")) from None
 
@@ -1216,6 +1341,7 @@ def _array_executor(
     # Each element checks its own cluster.max_requeues first; submitit's count must not end it sooner.
     most = max(c.cluster.max_requeues for c in cfgs)
     shape = cfgs[0]
+    _keep_logs_private(logs)
     executor = submitit.SlurmExecutor(folder=logs, max_num_timeout=most, python=task_python(shape))
     executor.update_parameters(**slurm_parameters(shape, f"sweep-{first.name}"))
     # No --parallel: every element may run at once (submitit's own default caps an array at 256).
@@ -1248,5 +1374,5 @@ def _array_script(cfgs: list[Config], run_dirs: list[Path], parallel: int | None
     ):
         logs = Path(scratch) / "logs"
         executor = _array_executor(cfgs, logs, run_dirs[0], parallel)
-        executor.map_array(ArrayElement(), [str(d) for d in run_dirs])
+        executor.map_array(job_of(cfgs[0], element=True), [str(d) for d in run_dirs])
         return captured.read_text().replace(str(logs), str(runfolder.sweep_logs_dir(run_dirs[0])))

@@ -29,6 +29,7 @@ import pytest
 from kit import SMALL, kit, run_folder
 from slurm_cluster import SlurmCluster, install, slurm_path, slurm_prefix
 
+from core.cli import DISTRIBUTION
 from train.distenv import PORT_COUNT
 
 # Every process the tests start inherits this: torch's OpenMP threads sleep when idle instead of
@@ -93,10 +94,26 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
 
 
 @pytest.fixture(autouse=True)
-def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, _tried_workloads: Path) -> None:
     """Each test's `summarize` keeps its cache (analysis.cache) beside the test's own folder,
-    never in the user's home and never shared with another test."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path.parent / f"{tmp_path.name}-cache"))
+    never in the user's home and never shared with another test. The launcher's remembered
+    trials (launch.submit._passed_mark) are the session's, as they are a user's: without them
+    every test that submits a paced run paid a Python with torch to try the same factory."""
+    cache = tmp_path.parent / f"{tmp_path.name}-cache"
+    cache.mkdir(exist_ok=True)
+    (cache / DISTRIBUTION).symlink_to(_tried_workloads, target_is_directory=True)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+
+
+@pytest.fixture(scope="session")
+def _tried_workloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The kit's folder in the cache for every test of the session, in every worker (a trial is
+    keyed by the workload's settings and its files: a test that writes or edits a factory, or
+    sets XDG_CACHE_HOME itself, is tried as a user's would be)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / "kit-cache"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 @pytest.fixture(autouse=True)

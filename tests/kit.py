@@ -8,11 +8,12 @@ import io
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,10 @@ TINY_GPT = [
 def kit(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m <args>` in a fresh interpreter, output captured."""
+    """`python -m <args>` in a fresh interpreter, output captured; a setting given twice is
+    given once, the later value (`later_wins`)."""
     return subprocess.run(
-        [sys.executable, "-m", *args],
+        [sys.executable, "-m", *later_wins(args)],
         cwd=cwd or REPO,
         env=_env(env),
         capture_output=True,
@@ -44,13 +46,39 @@ def kit(
 def kit_started(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """`python -m <args>` started in a fresh interpreter, not waited for; output piped."""
     return subprocess.Popen(
-        [sys.executable, "-m", *args],
+        [sys.executable, "-m", *later_wins(args)],
         cwd=REPO,
         env=_env(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+SETTING = re.compile(r"[a-z_]+(\.[A-Za-z0-9_-]+)*=")
+_TAKES_VALUE = ("--grid", "--config", "--modes", "--mode", "--nodes", "--root", "--rank")
+
+
+def later_wins(args: Sequence[str]) -> list[str]:
+    """The words with each `key=value` setting given once, at its last place: a test passes the
+    shared small settings (SMALL, …) and then its own, as a later key=value used to override an
+    earlier one; the kit refuses a repeated setting (tests/test_bad_input.py shows it). A flag's
+    value and a program's words after `--` are left as they are."""
+    words, last, skip = list(args), {}, False
+    end = words.index("--") if "--" in words else len(words)
+    for at, word in enumerate(words[:end]):
+        if not skip and SETTING.match(word):
+            last[word.partition("=")[0]] = at
+        skip = word in _TAKES_VALUE
+    keep = set(last.values())
+    return [
+        word for at, word in enumerate(words)
+        if at >= end or not SETTING.match(word) or at in keep or _flag_value(words, at)
+    ]  # fmt: skip
+
+
+def _flag_value(words: list[str], at: int) -> bool:
+    return at > 0 and words[at - 1] in _TAKES_VALUE
 
 
 def _env(extra: dict[str, str] | None) -> dict[str, str]:

@@ -382,6 +382,158 @@ def test_a_file_that_cannot_be_read_is_a_warning_not_a_traceback(
         assert "Permission denied" in kit_here("launch", "status", str(run_dir)).stderr
 
 
+def _edit_record(path: Path, kind: str, **fields: Any) -> None:
+    """Rank's last record of `kind` with `fields` set, as a hand edit or another tool leaves it."""
+    lines = path.read_text().splitlines()
+    at = max(i for i, line in enumerate(lines) if json.loads(line)["kind"] == kind)
+    lines[at] = json.dumps(json.loads(lines[at]) | fields)
+    path.write_text("\n".join(lines) + "\n")
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # the json module's recursion ends long before this
+
+
+@pytest.mark.timeout(120)  # a record's world_size once made status count to it
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        ("deep line", "line skipped: nested deeper than any record of this kit"),
+        ("deep field", "line skipped: nested deeper than any record of this kit"),
+        ("long line", "characters skipped: no record of this kit is so long"),
+        ("local_world_size", "record skipped: its local_world_size is 'four', not int"),
+        ("world_size", "record skipped: its world_size is 1000000000, not in 1..6400000"),
+        ("gpus", "record skipped: its gpus holds 1, not a mapping of one card's figures"),
+        ("gpus entry", "record skipped: its gpus holds {'util_pct': 'high'}, not a mapping"),
+        ("total_seconds", "record skipped: its total_seconds is inf, not in 0.0.."),
+    ],
+)
+def test_a_hostile_record_is_skipped_with_one_warning_by_every_reader(
+    runs: dict[str, Path], tmp_path: Path, edit: str, said: str
+) -> None:
+    """A record no kit writes (nested 100,000 deep, a megabyte long, a field of the wrong type
+    or out of range) is one counted warning in status, summarize, logs and cancel; the command
+    goes on with the other records and runs (no traceback, no count to a billion)."""
+    root = tmp_path / "runs"
+    good, bad = (_copy(runs[mode], root) for mode in ("dp", "ddp"))
+    path = runfolder.metrics_path(bad, 0)
+    if edit == "deep line":
+        path.write_text(path.read_text() + DEEP + "\n")
+    elif edit == "deep field":
+        _edit_record(path, "summary", extra="x")
+        path.write_text(path.read_text().replace('"extra": "x"', f'"extra": {DEEP}'))
+    elif edit == "long line":
+        path.write_text(
+            path.read_text() + json.dumps({"kind": "notice", "text": "x" * 2**21}) + "\n"
+        )
+    elif edit in ("local_world_size", "world_size"):
+        _edit_record(path, "start", **{edit: "four" if edit == "local_world_size" else 10**9})
+    elif edit == "gpus":
+        _edit_record(path, "summary", gpus=[1, "x"])
+    elif edit == "gpus entry":
+        _edit_record(path, "summary", gpus=[{"util_pct": "high"}])
+    else:
+        _edit_record(path, "summary", total_seconds=math.inf)
+    for command in (
+        ("launch", "status", "--root", str(root)),
+        ("analysis", "summarize", "--no-cache", str(root)),
+        ("launch", "logs", str(bad)),
+        ("launch", "cancel", str(bad)),
+    ):
+        runfolder._warned.clear()  # a process of its own would warn anew
+        done = kit_here(*command)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (command, done.stderr)
+        warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+        assert len(warnings) == 1 and said in warnings[0], (command, done.stderr)
+        assert warnings[0].startswith(f"warning: {path}:"), warnings
+    assert good.name in kit_here("launch", "status", "--root", str(root)).stdout
+
+
+def test_a_summary_without_its_total_seconds_shows_no_elapsed_time(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """null: not measured, which the schema allows; status shows '-' rather than a traceback."""
+    run_dir = _copy(runs["ddp"], tmp_path)
+    _edit_record(runfolder.metrics_path(run_dir, 0), "summary", total_seconds=None)
+    done = kit_here("launch", "status", str(run_dir))
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    row = done.stdout.splitlines()[1].split()
+    assert row[4:7] == ["COMPLETED", row[5], "-"], row
+
+
+def test_a_file_named_as_a_rank_that_is_none_is_named(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    run_dir = _copy(runs["ddp"], tmp_path)
+    stray = runfolder.metrics_path(run_dir, 0).with_name("rank-99999999999.jsonl")
+    shutil.copy(runfolder.metrics_path(run_dir, 0), stray)
+    (stray.parent / "notes.txt").write_text("a user's own file: not the kit's to speak of\n")
+    said = f"warning: {stray.parent}: rank-99999999999.jsonl skipped: no rank of this run"
+    for command in (("launch", "status", str(run_dir)), ("analysis", "summarize", str(run_dir))):
+        runfolder._warned.clear()  # a process of its own would warn anew
+        done = kit_here(*command)
+        assert done.returncode == 0, done.stderr
+        assert [line for line in done.stderr.splitlines() if "warning" in line] == [
+            f"{said}, whose ranks are 0–1"
+        ], done.stderr
+
+
+@pytest.mark.parametrize("unreadable", ["mode 000", "a link to itself"])
+def test_a_metrics_folder_that_cannot_be_read_is_a_warning(
+    runs: dict[str, Path], tmp_path: Path, unreadable: str
+) -> None:
+    """Mode 000 stops a user who is not its owner (root enters any folder: skipped as root);
+    a link to itself stops root too (ELOOP), through the same path."""
+    if unreadable == "mode 000" and os.geteuid() == 0:
+        pytest.skip("root enters a folder of any mode")
+    run_dir = _copy(runs["ddp"], tmp_path)
+    metrics = run_dir / "metrics"
+    if unreadable == "mode 000":
+        metrics.chmod(0)
+    else:
+        shutil.rmtree(metrics)
+        metrics.symlink_to("metrics")
+    runfolder.update_meta(run_dir, job_id="999999999")  # no such process: nothing to signal
+    try:
+        for command in (
+            ("launch", "status", str(run_dir)),
+            ("launch", "logs", str(run_dir)),
+            ("launch", "cancel", str(run_dir)),
+            ("analysis", "summarize", str(run_dir)),
+        ):
+            runfolder._warned.clear()  # a process of its own would warn anew
+            done = kit_here(*command)
+            assert "Traceback" not in done.stderr and done.returncode in (0, 1, 2), done.stderr
+            said = f"warning: {metrics}" in done.stderr and "cannot be read (" in done.stderr
+            assert said, (command, done.stderr)
+    finally:
+        metrics.chmod(0o755) if unreadable == "mode 000" else None
+
+
+def test_control_characters_in_records_and_logs_are_printed_escaped(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """An escape sequence in a record or a log (clear the screen, set the title, rewrite a line)
+    reaches the terminal as text: status, logs and summarize print `\\x1b`, never ESC."""
+    root = tmp_path / "runs"
+    run_dir = _copy(runs["ddp"], root)
+    path = runfolder.metrics_path(run_dir, 0)
+    _edit_record(path, "start", node="n\x1b]0;owned\x07", device_name="cpu\x1b[2J\u202e")
+    runfolder.RecordWriter(run_dir, 0).write("notice", text="look\x1b[1A\r")
+    log = next(runfolder.logs_dir(run_dir).glob("*_0_log.out"))
+    log.write_text(log.read_text() + "\x1b[31mred\x9b\n")
+    for command in (
+        ("launch", "status", str(run_dir)),
+        ("launch", "logs", str(run_dir), "--rank", "0"),
+        ("analysis", "summarize", "--no-cache", str(root)),
+    ):
+        done = kit_here(*command)
+        assert done.returncode in (0, 1), done.stderr
+        for text in (done.stdout, done.stderr):
+            assert not set(text) & {"\x1b", "\x07", "\x9b", "\r", "\u202e"}, (command, text)
+    assert "n\\x1b]0;owned\\x07" in kit_here("launch", "status", str(run_dir)).stdout
+    assert "\\x1b[31mred\\x9b" in kit_here("launch", "logs", str(run_dir), "--rank", "0").stdout
+
+
 def test_a_run_without_metrics_is_reported_not_fatal(runs: dict[str, Path], tmp_path: Path) -> None:
     queued = tmp_path / "runs" / "20000101-000000-ddp-1n2g-beef"
     queued.mkdir(parents=True)

@@ -44,6 +44,8 @@ SHELL_CHAR = (
     "a space, %",
 )
 
+LONG = "n" * 256  # one byte more than a file name may have
+
 CASES = [
     Case("lr=-1", ("train.lr=-1",), ("train.lr=-1.0 must be a positive number", "train.lr=0.01")),
     Case("lr=0", ("train.lr=0",), ("train.lr=0.0 must be a positive number", "train.lr=0.01")),
@@ -611,6 +613,85 @@ CASES = [
         ("model.name=os:getcwd cannot be called so", "function(sample_shape"),
         SUBMIT_ONLY,
     ),
+    # Interpolations are refused, never resolved into config.yaml and run.json (issue 42).
+    *[
+        Case(
+            f"interpolation in {key}",
+            (f"{key}={value}",),
+            (
+                f"{key}={shown!r} holds an interpolation",
+                "which the kit does not resolve",
+                "write $NAME or \\${NAME}",
+            ),
+        )
+        for key, value, shown in (
+            (
+                "cluster.setup",
+                '["export T=${oc.env:SECRET_TOKEN}"]',
+                "export T=${oc.env:SECRET_TOKEN}",
+            ),
+            ("cluster.setup", '["echo ${HOME}"]', "echo ${HOME}"),
+            ("output.name", "${train.epochs}", "${train.epochs}"),
+            ("data.root", "${oc.env:PATH}", "${oc.env:PATH}"),
+            ("cluster.account", "${oc.decode:x}", "${oc.decode:x}"),
+        )
+    ],
+    Case(
+        "interpolation in a config file",
+        ("--config", "{tmp}/interpolated.yaml"),
+        ("cluster.partition='${oc.env:HOME}' holds an interpolation",),
+    ),
+    Case(
+        "a key given twice",
+        ("train.epochs=2", "train.epochs=3"),
+        ("train.epochs=2 and train.epochs=3 both set train.epochs", "give each setting once"),
+    ),
+    Case(
+        "a group and a key in it",
+        ("cluster.sbatch_extra={mail-type: END}", "cluster.sbatch_extra.mail-type=ALL"),
+        ("both set cluster.sbatch_extra", "give each setting once"),
+    ),
+    Case(
+        "--mode against mode=",
+        ("mode=ddp",),
+        ("--mode dp and mode=ddp both set mode", "give one of them"),
+        mode=("--mode", "dp"),
+    ),
+    Case(
+        "--nodes against cluster.nodes=",
+        ("--nodes", "2", "cluster.nodes=1"),
+        ("--nodes 2 and cluster.nodes=1 both set cluster.nodes", "give one of them"),
+    ),
+    Case(
+        "a setup line split at a comma",
+        ("cluster.setup=[export A=1,2]",),
+        ("reads as two lines, 'export A=1' and '2'", "cluster.setup=['export A=1,2']"),
+    ),
+    Case(
+        "a factory module that is not there, for the sbatch scripts",
+        ("data.dataset=nosuchmod:data",),
+        ("data.dataset=nosuchmod:data: cannot import nosuchmod",),
+        NEW_RUN,
+    ),
+    Case(
+        "an indexed key",
+        ("cluster.setup[0]=x",),
+        ("cluster.setup[0]: the kit sets no single item of a list", "'cluster.setup=[x]'"),
+    ),
+    *[
+        Case(
+            f"a name over 255 bytes in {key}",
+            (f"{key}={{tmp}}/{LONG}",),
+            (f"/{LONG}: a name in this path is longer than the file system takes", "shorten it"),
+            commands,
+        )
+        for key, commands in (("output.root", SUBMIT_ONLY), ("data.root", NEW_RUN))
+    ],
+    Case(
+        "a name over 255 bytes in --config",
+        ("--config", f"{{tmp}}/{LONG}.yaml"),
+        (f"/{LONG}.yaml: a name in this path is longer than the file system takes",),
+    ),
     Case("missing config", ("--config", "{tmp}/missing.yaml"), ("missing.yaml does not exist",)),
     Case("config folder", ("--config", "{tmp}/locked"), ("/locked is a folder: name a YAML file",)),
     Case(
@@ -658,6 +739,7 @@ def tmp(tmp_path: Path) -> Iterator[Path]:
     (tmp_path / "list.yaml").write_text("- train.epochs=3\n- train.lr=0.1\n")
     (tmp_path / "number.yaml").write_text("42\n")
     (tmp_path / "injected.yaml").write_text('cluster:\n  partition: "gpu\\ntouch PWNED"\n')
+    (tmp_path / "interpolated.yaml").write_text("cluster:\n  partition: ${oc.env:HOME}\n")
     (tmp_path / "latin1.yaml").write_bytes("output:\n  name: caf\xe9\n".encode("latin-1"))
     os.mkfifo(tmp_path / "pipe.yaml")
     locked = tmp_path / "locked"
@@ -685,21 +767,20 @@ def test_bad_input_is_one_line_that_names_the_fix(
     tmp: Path, case: Case, command: tuple[str, ...]
 ) -> None:
     before = _listing(tmp)
-    done = kit_here(
-        "launch",
-        *command,
-        *case.mode,
-        "cluster.backend=local",
-        f"output.root={tmp}/runs",
-        f"data.root={tmp}/data",
-        *(arg.replace("{tmp}", str(tmp)) for arg in case.args),
-    )
+    args = [arg.replace("{tmp}", str(tmp)) for arg in case.args]
+    done = kit_here("launch", *command, *case.mode, *_defaults_unless_set(tmp, args), *args)
     message = _one_error_line(done)
     for fragment in case.fragments:
         assert fragment in message
     assert done.stdout == ""  # no "submitted job", no run folder announced
     assert _listing(tmp) == before  # output.root, data.root: nothing made
     assert not Path("/proc/kit-test-runs").exists()
+
+
+def _defaults_unless_set(tmp: Path, args: list[str]) -> list[str]:
+    """Where the catalogue's runs go, less what a case sets itself (a key is given once)."""
+    defaults = ["cluster.backend=local", f"output.root={tmp}/runs", f"data.root={tmp}/data"]
+    return [d for d in defaults if not any(a.startswith(d.split("=")[0] + "=") for a in args)]
 
 
 # The catalogue runs each command's `main` in this interpreter (tests/kit.py: kit_here): these
@@ -715,8 +796,7 @@ SAME_IN_A_PROCESS = ("lr=-1", "mode=xx", "dp on 2 nodes", "model factory not imp
 def test_a_real_process_says_what_the_catalogue_saw(
     tmp: Path, case: Case, command: tuple[str, ...]
 ) -> None:
-    where = ["cluster.backend=local", f"output.root={tmp}/runs", f"data.root={tmp}/data"]
-    args = ("launch", *command, *case.mode, *where, *case.args)
+    args = ("launch", *command, *case.mode, *_defaults_unless_set(tmp, [*case.args]), *case.args)
     here, there = kit_here(*args), kit(*args)
     assert (there.returncode, there.stdout, _own(there.stderr)) == (
         here.returncode,
@@ -729,6 +809,23 @@ def test_a_real_process_says_what_the_catalogue_saw(
 def _own(message: str) -> str:
     """The message less the Python path it quotes, which is each interpreter's own."""
     return message.split("Python path here:")[0]
+
+
+@pytest.mark.parametrize("command", [("submit",), ("prepare",), ("config",)])
+def test_a_token_in_the_environment_is_never_written_in_clear(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """`${oc.env:SECRET_TOKEN}` in a setup line once put the token's value into config.yaml
+    and run.json (mode 0644): refused now, naming the shell's way, and the value is nowhere."""
+    token = "s3cr3t-t0ken-value"
+    done = kit_here(
+        "launch", *command, "--mode", "ddp", "cluster.backend=local",
+        f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data",
+        'cluster.setup=["export T=${oc.env:SECRET_TOKEN}"]', env={"SECRET_TOKEN": token},
+    )  # fmt: skip
+    message = _one_error_line(done)
+    assert "write $NAME or \\${NAME}" in message and token not in message
+    assert token not in done.stdout and _listing(tmp_path) == []
 
 
 def test_empty_output_name_means_the_default(tmp_path: Path) -> None:
@@ -795,6 +892,27 @@ def test_status_shows_the_good_run_next_to_a_bad_one(tmp_path: Path) -> None:
     ]
     (warning,) = done.stderr.splitlines()
     assert warning.startswith("warning: ") and f"{bad}/run.json is not a run record" in warning
+
+
+@pytest.mark.parametrize("where", ["a name over 255 bytes", "a folder this user cannot enter"])
+@pytest.mark.parametrize(
+    "command",
+    [("launch", "status"), ("launch", "logs"), ("launch", "cancel"), ("analysis", "summarize")],
+)
+def test_a_run_path_the_system_refuses_is_one_line(
+    tmp_path: Path, where: str, command: tuple[str, ...]
+) -> None:
+    if where.endswith("enter") and os.geteuid() == 0:
+        pytest.skip("root enters a folder of any mode")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0)
+    path = tmp_path / LONG if where.startswith("a name") else locked / "run"
+    try:
+        message = _one_error_line(kit_here(*command, str(path)))
+    finally:
+        locked.chmod(0o700)
+    fix = "shorten it" if where.startswith("a name") else "pick a path this user can reach"
+    assert message.startswith(f"error: {path}") and fix in message, message
 
 
 def test_status_of_an_empty_root_says_how_to_submit(tmp_path: Path) -> None:
@@ -930,6 +1048,73 @@ def test_a_factory_module_that_exits_on_import_is_an_error(tmp_path: Path) -> No
     assert "if __name__" in message and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("code", "said"),
+    [
+        ("import time\n\ntime.sleep(3600)\n", "importing stalls took over 1 s and was stopped"),
+        ("raise KeyboardInterrupt\n", "importing stalls raised KeyboardInterrupt itself"),
+    ],
+    ids=["hangs", "raises-KeyboardInterrupt"],
+)
+def test_a_factory_module_that_hangs_or_interrupts_on_import_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str, said: str
+) -> None:
+    """`launch submit` waited for ever on a module that hangs as it is imported, and called a
+    module's own KeyboardInterrupt a Ctrl-C ("interrupted"): one line each now."""
+    from core import factories
+
+    (tmp_path / "stalls.py").write_text(code + "\ndef build(shape, classes): ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(factories, "IMPORT_S", 1.0)
+    where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data", "cluster.backend=local"]
+    message = _one_error_line(kit_here("launch", "submit", "model.name=stalls:build", *where))
+    assert said in message and 'if __name__ == "__main__"' in message
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("kind", ["a named pipe", "a folder"])
+def test_a_state_that_is_no_file_is_refused_not_started_over(tmp_path: Path, kind: str) -> None:
+    """A resume that found state.pt to be a pipe or a folder started the run over from epoch 1,
+    dropping what was trained: refused in one line, and the state left as it is."""
+    cfg = load_config(overrides=[f"output.root={tmp_path}/runs", "cluster.backend=local"])
+    run_dir = runfolder.create(cfg, launcher="launch", backend="local", command=[])
+    state = runfolder.state_path(run_dir)
+    state.parent.mkdir()
+    os.mkfifo(state) if kind == "a named pipe" else state.mkdir()
+    message = _one_error_line(kit_here("launch", "resume", str(run_dir)))
+    assert f"{state} is not a regular file" in message and "remove it to start the run" in message
+    assert runfolder.read_meta(run_dir)["job_id"] is None  # nothing submitted
+    assert state.exists() and not runfolder.metrics_path(run_dir, 0).exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_model_with_nothing_to_train_and_a_single_class_are_said(tmp_path: Path) -> None:
+    """The CPU trial passed a model with no trainable parameters (DDP then failed in every
+    rank), and all labels 0 trained to "100.00 %" without a word."""
+    (tmp_path / "userwork.py").write_text(
+        "import torch\n\n"
+        "def frozen(shape, classes):\n"
+        "    m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(classes))\n"
+        "    m(torch.zeros(1, *shape))\n"
+        "    return m.requires_grad_(False)\n\n"
+        "def zeros(train):\n"
+        "    n = 64 if train else 16\n"
+        "    return torch.rand(n, 1, 8, 8), torch.zeros(n, dtype=torch.long)\n"
+    )
+    where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data", "cluster.backend=local"]
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]),
+        "XDG_CACHE_HOME": str(tmp_path),
+    }
+    frozen = kit("launch", "submit", "--dry-run", "model.name=userwork:frozen", *where, env=env)
+    message = _one_error_line(frozen)
+    assert "model.name=userwork:frozen returned a model with no trainable parameters" in message
+    zeros = ("data.dataset=userwork:zeros", "model.name=convnet")
+    done = kit("launch", "submit", "--dry-run", *zeros, *where, env=env)
+    assert "gave labels of one class only (0)" in done.stderr, done.stderr
+
+
 @pytest.fixture
 def full_disk(tmp_path: Path) -> Iterator[Path]:
     """A folder on a 64 kB file system (a tmpfs of its own): room for the folders, not the data."""
@@ -958,4 +1143,4 @@ def test_verbose_shows_the_slurm_commands_it_runs(
     run_dir, env = unreachable_job
     done = kit_here("launch", "cancel", "-v", str(run_dir), env=env)
     assert done.returncode == 2, done.stderr
-    assert "slurm: scancel -v 4242" in done.stderr and "slurm: scancel: exit " in done.stderr
+    assert "slurm: scancel -v -- 4242" in done.stderr and "slurm: scancel: exit " in done.stderr

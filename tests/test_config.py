@@ -23,10 +23,12 @@ def test_defaults_are_the_articles() -> None:
 def test_file_then_overrides_then_flags(tmp_path: Path) -> None:
     file = tmp_path / "exp.yaml"
     file.write_text("train:\n  epochs: 3\n  lr: 0.1\ncluster:\n  nodes: 1\n")
-    cfg = load_config(file, ["train.lr=0.05"], mode="dp")
+    cfg = load_config([file], ["train.lr=0.05"], mode="dp")
     assert (cfg.train.epochs, cfg.train.lr, cfg.mode) == (3, 0.05, "dp")
     assert per_rank_batch(cfg) == 512  # DP: one process takes the whole batch
-    assert load_config(file, ["cluster.nodes=1"], nodes=2).cluster.nodes == 2
+    assert load_config([file], ["cluster.nodes=2"], nodes=2).cluster.nodes == 2
+    with pytest.raises(ConfigError, match=r"--nodes 2 and cluster.nodes=1 both set cluster\.nodes"):
+        load_config([file], ["cluster.nodes=1"], nodes=2)  # one of them would be dropped
 
 
 def test_nested_lists_and_free_sbatch_options() -> None:
@@ -57,7 +59,7 @@ def test_text_settings_keep_what_was_written(tmp_path: Path) -> None:
         "output:\n  name: 1e3\n"
     )
     from_line = load_config(overrides=[*overrides, setup, "cluster.sbatch_extra.mail-user=010"])
-    for cfg in (from_line, load_config(file)):
+    for cfg in (from_line, load_config([file])):
         c = cfg.cluster
         assert (c.account, c.qos, c.partition, c.constraint, cfg.output.name) == tuple(
             AS_WRITTEN.values()
@@ -67,7 +69,7 @@ def test_text_settings_keep_what_was_written(tmp_path: Path) -> None:
     # What the job reads back from its run folder's config.yaml is the same.
     saved = tmp_path / "config.yaml"
     saved.write_text(to_yaml(from_line))
-    assert load_config(saved) == from_line
+    assert load_config([saved]) == from_line
     quoted = load_config(overrides=['cluster.account="0123"', "cluster.qos=null"]).cluster
     assert (quoted.account, quoted.qos) == ("0123", None)
 
@@ -101,19 +103,29 @@ def test_bad_settings_name_the_fix(overrides: list[str], message: str) -> None:
     assert message in str(err.value)
 
 
+def test_an_escaped_shell_variable_reaches_the_setup_line_as_written(tmp_path: Path) -> None:
+    """`\\${HOME}` (OmegaConf's escape) and `$HOME` are text for the job's shell: config.yaml
+    keeps them so, and the job reads back the same line."""
+    cfg = load_config(overrides=["cluster.setup=['cd \\${HOME}/a \\${X} $PATH']"])
+    assert cfg.cluster.setup == ["cd ${HOME}/a ${X} $PATH"]
+    saved = tmp_path / "config.yaml"
+    saved.write_text(to_yaml(cfg))
+    assert load_config([saved]).cluster.setup == cfg.cluster.setup
+
+
 def test_bad_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
-        load_config(tmp_path / "missing.yaml")
+        load_config([tmp_path / "missing.yaml"])
     broken = tmp_path / "broken.yaml"
     broken.write_text("train: [epochs: 3\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
-        load_config(broken)
+        load_config([broken])
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text("cluster:\n  gpus: 4\n")
     with pytest.raises(
         ConfigError, match=r"unknown setting 'cluster.gpus'. Did you mean 'gpus_per_node'"
     ):
-        load_config(unknown)
+        load_config([unknown])
 
 
 def test_config_command_prints_resolved_yaml() -> None:
@@ -121,6 +133,23 @@ def test_config_command_prints_resolved_yaml() -> None:
     assert done.returncode == 0, done.stderr
     assert "mode: dp\n" in done.stdout and "  epochs: 3\n" in done.stdout
     assert "  global_batch_size: 512\n" in done.stdout
+
+
+def test_a_cluster_file_then_an_experiment_file_merge_key_by_key(tmp_path: Path) -> None:
+    """`--config cluster.yaml --config exp.yaml`: the cluster's partition, account and set-up
+    survive the experiment's file, which wins where both set a key; settings on the line win
+    over both."""
+    cluster, exp = tmp_path / "cluster.yaml", tmp_path / "exp.yaml"
+    cluster.write_text(
+        "cluster:\n  partition: gpu\n  account: proj1\n  setup: [module load cuda]\n"
+        "  timeout_min: 240\ntrain:\n  epochs: 5\n"
+    )
+    exp.write_text("cluster:\n  timeout_min: 30\ntrain:\n  epochs: 3\n  lr: 0.1\n")
+    done = kit("launch", "config", "--config", str(cluster), "--config", str(exp), "train.lr=0.2")
+    assert done.returncode == 0, done.stderr
+    for line in ("  partition: gpu", "  account: proj1", "  - module load cuda",
+                 "  timeout_min: 30", "  epochs: 3", "  lr: 0.2"):  # fmt: skip
+        assert f"\n{line}\n" in done.stdout, (line, done.stdout)
 
 
 def test_config_command_error_exit_code() -> None:
@@ -134,7 +163,7 @@ def test_config_command_error_exit_code() -> None:
 )
 def test_example_configs_reach_the_batch_script(example: Path, tmp_path: Path) -> None:
     """Each example's shape and Slurm settings appear in the script a dry run shows."""
-    cfg = load_config(example)
+    cfg = load_config([example])
     data = prepare_synthetic(tmp_path / "data", seed=0, train_size=10, test_size=10)
     done = kit(
         "launch", "submit", "--config", str(example), "--dry-run", "cluster.backend=slurm",
@@ -161,10 +190,10 @@ def test_example_configs_reach_the_batch_script(example: Path, tmp_path: Path) -
 def test_example_configs_survive_the_run_folder(example: Path, tmp_path: Path) -> None:
     """A job reads its config back from the run folder's config.yaml: it must be the one that
     was resolved (a choice whose value differs from its Python name once failed here)."""
-    cfg = load_config(example)
+    cfg = load_config([example])
     written = tmp_path / "config.yaml"
     written.write_text(to_yaml(cfg))
-    assert load_config(written) == cfg
+    assert load_config([written]) == cfg
 
 
 @pytest.mark.parametrize(

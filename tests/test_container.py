@@ -73,6 +73,64 @@ def test_a_local_job_trains_inside_apptainer(tmp_path: Path, apptainer: dict[str
     )
 
 
+PROJECT_WORKLOAD = """
+import torch
+
+
+def data(train):
+    generator = torch.Generator().manual_seed(0 if train else 1)
+    labels = torch.randint(0, 2, (256 if train else 64,), generator=generator)
+    return labels[:, None].float() * 4 + torch.randn(len(labels), 4, generator=generator), labels
+
+
+def model(sample_shape, classes):
+    return torch.nn.Linear(sample_shape[0], classes)
+"""
+
+
+def test_a_users_code_on_pythonpath_is_mounted_and_imported_inside(
+    tmp_path: Path, apptainer: dict[str, str]
+) -> None:
+    """The user's project folder, on the launching PYTHONPATH and holding a `train.py` of its own,
+    is bound and on the task's PYTHONPATH after the kit's checkout: the ranks import the user's
+    factories inside the container (the stand-in replaces PYTHONPATH as Apptainer's --env does)
+    and the kit's own `train` package, not the project's `train.py`."""
+    project = tmp_path / "project"
+    (project / "myproj").mkdir(parents=True)
+    (project / "myproj" / "__init__.py").write_text("")
+    (project / "myproj" / "workload.py").write_text(PROJECT_WORKLOAD)
+    (project / "train.py").write_text("raise SystemExit('the project train.py was imported')\n")
+    env = {**apptainer, "PYTHONPATH": str(project)}
+    settings = _container(tmp_path, f"cluster.container.python={sys.executable}")
+    factories = ["model.name=myproj.workload:model", "data.dataset=myproj.workload:data"]
+    done = kit(
+        "launch", "submit", "--mode", "ddp", "train.epochs=1", "train.global_batch_size=32",
+        "cluster.backend=local", "cluster.gpus_per_node=2", *factories, *settings, "--wait",
+        env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    folder = run_folder(done.stdout)
+    assert records(folder)[0]["dataset"] == "myproj.workload:data"
+    assert records(folder, 1)[-1]["kind"] == "summary"
+    words = (tmp_path / "apptainer.log").read_text().splitlines()[0]
+    assert f"--env=PYTHONPATH={REPO}:{project} " in words
+    assert f"--bind={REPO},{project},{tmp_path}/runs," in words
+
+
+def test_code_folders_that_cannot_be_mounted_are_refused(tmp_path: Path) -> None:
+    odd = tmp_path / "a,b"
+    odd.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(odd)}
+    done = kit("launch", "submit", "--mode", "ddp", "cluster.backend=slurm",
+               *_container(tmp_path), "--dry-run", env=env)  # fmt: skip
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        f"error: the job needs {odd} inside the container, but a folder whose path holds ',' or "
+        "':' cannot be mounted (the runtimes split mount lists on them): move or link the code to "
+        "a path without them"
+    ]
+
+
 def test_the_dry_run_shows_the_container_on_the_srun_line(tmp_path: Path) -> None:
     """Apptainer wraps the task's command; pyxis is srun's options, PYTHONPATH passed in."""
     for runtime, expected in (

@@ -187,7 +187,9 @@ def test_a_rank_of_the_second_node_ended_by_a_signal_is_the_one_named(
     }
     try:
         for signum, run_dir in runs.items():
-            assert wait_for(partial(_failed, run_dir), 120), f"{signum.name}: not FAILED in 120 s"
+            # `launch status` is a Python of its own: asked each second, not five times a second
+            failed = wait_for(partial(_failed, run_dir), 120, every=1)
+            assert failed, f"{signum.name}: not FAILED in 120 s"
             named = f"{run_dir.name}: rank 1 on {slurm_cluster.node_names[1]} failed first: "
             for path in (os.environ["PATH"], no_sacct):  # a cluster without accounting too
                 status = kit("launch", "status", str(run_dir), env={"PATH": path}).stdout

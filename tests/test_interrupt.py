@@ -211,8 +211,8 @@ def test_a_local_jobs_tasks_are_known_by_their_job_id_and_run_folder() -> None:
     task = subprocess.Popen(["sleep", "30"], env={**os.environ, **env})
     try:
         assert wait_for(lambda: processes.local_tasks("424242") != {}, 10)
-        assert processes.local_tasks("424242", "20261206-000000-ddp-1n2g-abcd") == {1: [task.pid]}
-        assert processes.local_tasks("424242", "20261206-000001-ddp-1n2g-efgh") == {}
+        assert processes.local_tasks("424242", Path(logs)) == {1: [task.pid]}
+        assert processes.local_tasks("424242", Path(logs.replace("abcd", "efgh"))) == {}
         assert processes.local_tasks("42424") == {}
         table = processes.task_table()  # read once for many runs
         assert processes.local_tasks("424242", None, table) == {1: [task.pid]}
@@ -320,7 +320,9 @@ def test_a_signal_while_the_job_is_submitted_is_taken_once_it_is_recorded(
         f"{said}: cancelled local job {job_id}; it had saved no checkpoint yet: "
         f"`python -m launch resume {run_dir}` starts it over"
     ]
-    assert not alive(int(job_id)) and processes.local_tasks(job_id, run_dir.name) == {}
+    assert (
+        not alive(int(job_id)) and processes.local_tasks(job_id, runfolder.logs_dir(run_dir)) == {}
+    )
     assert _status(run_dir)[0] == "CANCELLED"
 
 
@@ -355,7 +357,9 @@ def test_ctrl_c_in_a_local_sweep_cancels_its_running_run_and_submits_no_more(
         f"interrupted: cancelled local job {job_id}; {continue_words(run_dir)}",
         "interrupted: 1 of the sweep's 2 runs were not submitted",
     ]
-    assert not alive(int(job_id)) and processes.local_tasks(job_id, run_dir.name) == {}
+    assert (
+        not alive(int(job_id)) and processes.local_tasks(job_id, runfolder.logs_dir(run_dir)) == {}
+    )
     assert len(runfolder.find_runs(tmp_path / "runs")) == 1
     assert _status(run_dir)[0] == "CANCELLED"
 

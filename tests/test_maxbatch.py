@@ -90,7 +90,7 @@ def _job_process(rank: int, world: int, port: int, cases: list[list[str]], out: 
         dist.init_process_group("gloo", init_method="env://")
     try:
         for case, settings in enumerate(cases):
-            cfg = load_config(None, [*SETTINGS, *settings])
+            cfg = load_config((), [*SETTINGS, *settings])
             store = ("127.0.0.1", port) if world > 1 else None
             spec = largest_batch.Spec(cfg, rank, world, "cpu", 0, SHAPE, CLASSES, 1, store, "gloo")
             try:

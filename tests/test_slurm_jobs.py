@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kit import REPO, SMALL, TINY_GPT, kit, records, run_folder
+from kit import REPO, SMALL, TINY_GPT, kit, later_wins, records, run_folder
 from paced import LASTING
 from slurm_cluster import SlurmCluster, wait_job
 from test_distenv import random_hostlists
@@ -31,7 +31,8 @@ pytestmark = pytest.mark.slurm
 # One CPU per task: a test node has the machine's CPUs (2 here) to bind tasks to. What these jobs
 # check is Slurm's side (scripts, tasks, GPUs, arrays), so half of kit.SMALL's samples: one
 # step of the default global batch an epoch.
-SBATCH_SMALL = [*SMALL, "data.train_size=512", "train.checkpoint=false"]
+# SMALL at half its training split (a setting is given once: the kit refuses a repeat).
+SBATCH_SMALL = [*later_wins([*SMALL, "data.train_size=512"]), "train.checkpoint=false"]
 SUBMIT_DDP = [
     "launch",
     "submit",
@@ -617,7 +618,7 @@ def test_wait_says_why_a_job_that_cannot_start_waits(
             "--wait"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     with subprocess.Popen(
-        [sys.executable, "-m", *args],
+        [sys.executable, "-m", *later_wins(args)],
         cwd=REPO,
         env=env,
         text=True,

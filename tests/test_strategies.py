@@ -126,8 +126,8 @@ def test_fsdp_scores_the_model_it_saves_with_batchnorm(tmp_path: Path) -> None:
                 "data.train_size=256", "data.test_size=96", "train.global_batch_size=32",
                 "train.epochs=1"]  # fmt: skip
     run_dir = _submit(tmp_path, "--mode", "fsdp", *TWO_RANKS, *settings)
-    work = workloads.load(load_config(None, settings), 0, lambda: None)
-    model = workloads.build_model(load_config(None, settings), work.sample_shape, work.classes)
+    work = workloads.load(load_config((), settings), 0, lambda: None)
+    model = workloads.build_model(load_config((), settings), work.sample_shape, work.classes)
     model.load_state_dict(torch.load(run_dir / runfolder.CHECKPOINT))
     model.eval()
     with torch.no_grad():

@@ -13,7 +13,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from core.cli import ArgumentParser, add_common_flags, main_of
+from core.cli import CONFIG_HELP, ArgumentParser, add_common_flags, main_of
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,7 +33,12 @@ def _parser() -> argparse.ArgumentParser:
         sub.set_defaults(func=func)
         if config:
             sub.add_argument(
-                "--config", dest="config_file", help="YAML file merged over the defaults"
+                "--config",
+                dest="config_files",
+                action="append",
+                default=[],
+                metavar="FILE",
+                help=CONFIG_HELP,
             )
             sub.add_argument("overrides", nargs="*", metavar="key=value")
         return sub
@@ -72,7 +77,7 @@ def _prepare(args: argparse.Namespace) -> int:
     from core.settings.loading import load_config
     from train import data
 
-    cfg = load_config(args.config_file, args.overrides)
+    cfg = load_config(args.config_files, args.overrides)
     d = cfg.data
     if d.dataset == "mnist":
         datafiles.verify(Path(d.root), d.dataset)
@@ -91,7 +96,7 @@ def _check_workload(args: argparse.Namespace) -> int:
     from core.settings.loading import load_config
     from train import workloads
 
-    print(workloads.check(load_config(args.config_file, args.overrides)))
+    print(workloads.check(load_config(args.config_files, args.overrides)))
     return 0
 
 

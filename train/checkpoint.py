@@ -46,11 +46,15 @@ def config_hash(run_dir: Path) -> str:
 
 
 def rng_state() -> dict[str, Any]:
+    """Every generator's state as tensors and plain lists: a checkpoint loads with torch's
+    weights_only unpickler, which builds nothing else (NumPy's own array would need allowing)."""
+    name, keys, position, has_gauss, gauss = np.random.get_state(legacy=True)
+    assert isinstance(keys, np.ndarray)  # the legacy form: a tuple, never a dict
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": [name, keys.tolist(), position, has_gauss, gauss],
     }
 
 
@@ -59,7 +63,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, *rest = state["numpy"]  # an array in checkpoints of earlier kits; a list now
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
 
 
 def save(
@@ -82,7 +87,8 @@ def save(
     model_state = strategy.model_state(model)  # whole, for the bare model's weights file
     if strategy.saves_shards:
         shards = _save_name(progress)
-        strategy.save_shards(model, optimizer, runfolder.shards_path(run_dir, shards))
+        folder = runfolder.no_links(run_dir, runfolder.shards_path(run_dir, shards))
+        strategy.save_shards(model, optimizer, folder)
         held: dict[str, Any] = {"shards": shards}
     else:
         held = {"model": model_state, "optimizer": strategy.optimizer_state(model, optimizer)}
@@ -102,8 +108,9 @@ def save(
         "scaler": scaler.state_dict(),
         "ranks": ranks,
     }
-    _write(runfolder.state_path(run_dir), state)
-    _write(runfolder.checkpoint_path(run_dir), model_state)  # weights alone, for a bare model
+    _write(runfolder.no_links(run_dir, runfolder.state_path(run_dir)), state)
+    weights = runfolder.no_links(run_dir, runfolder.checkpoint_path(run_dir))
+    _write(weights, model_state)  # weights alone, for a bare model
     if "shards" in held:
         runfolder.drop_other_shards(run_dir, keep=held["shards"])
 
@@ -137,11 +144,11 @@ def _save_name(progress: Progress) -> str:
 
 def load(run_dir: Path, cfg: Config, rank: int, world_size: int) -> dict[str, Any] | None:
     """The saved state with this rank's own progress and RNG, or None where none was saved."""
-    path = runfolder.state_path(run_dir)
-    if not path.is_file():
+    path = runfolder.saved_state(run_dir)  # a state.pt that is no file is refused, not ignored
+    if path is None:
         return None
     try:
-        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
+        state: dict[str, Any] = _load_data(path)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as err:
         raise runfolder.RunFolderError(
             f"{path} cannot be read ({str(err).splitlines()[0][:200]}): it was damaged after it was "
@@ -167,3 +174,42 @@ def load(run_dir: Path, cfg: Config, rank: int, world_size: int) -> dict[str, An
             )
         state["shards_folder"] = folder
     return {**state, "mine": state["ranks"][rank]}
+
+
+# Beyond tensors and plain data, what checkpoints of earlier kits hold: NumPy's RNG state, an
+# array (rebuilt by NumPy's own reconstructor, which makes arrays and nothing else).
+_EARLIER_KITS: list[Any] = [
+    np.ndarray((0,)).__reduce__()[0], np.ndarray, np.dtype, type(np.dtype(np.uint32)),
+]  # fmt: skip
+
+
+def _load_data(path: Path) -> dict[str, Any]:
+    """The checkpoint's contents, unpickled by torch's weights_only loader: tensors and plain
+    data, never code. A run folder is data that others may write, and a crafted state.pt loaded
+    in full would run what it names in every rank."""
+    try:
+        with torch.serialization.safe_globals(_EARLIER_KITS):
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        named = _unsafe_globals(path) if "Weights only load failed" in str(err) else ""
+        if not named:
+            raise  # not a checkpoint at all: damaged
+        raise runfolder.RunFolderError(
+            f"{path} holds {named}, which a checkpoint of this kit never holds: it was not "
+            "loaded, since loading it could run code; resume only a checkpoint the kit saved, "
+            "or start a new run"
+        ) from None
+    if not isinstance(state, dict):
+        raise pickle.UnpicklingError(f"a {type(state).__name__}, not the kit's saved state")
+    return state
+
+
+def _unsafe_globals(path: Path) -> str:
+    """What the checkpoint names beyond what the loader allows (read, not run); '' where it
+    names nothing, or cannot even be listed: a damaged file."""
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # not a checkpoint torch can list
+        return ""
+    allowed = {f"{g.__module__}.{g.__qualname__}" for g in _EARLIER_KITS}
+    return ", ".join([name for name in names if name not in allowed][:3])

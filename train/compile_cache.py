@@ -16,7 +16,9 @@ Triton, the GPU model, the model and data shape, the per-rank batch, precision, 
 compile mode, strategy and CUDA-graph capture. A file is written whole beside its final name and
 renamed onto it under an exclusive lock, so concurrent jobs never see half a file, and only one
 writes at a time; a file that cannot be loaded (another torch, a damaged disk) is a cold start
-with a notice, never a failed job.
+with a notice, never a failed job. Compiled artifacts are code that the job runs: a file is
+loaded only where no one else could have written it (`core.userfiles`: the user's own, writable by
+no one else, in such a folder), since output.root may be a group's.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from core import runfolder
+from core import runfolder, userfiles
 from core.settings.rules import per_rank_batch
 from core.settings.schema import Config
 
@@ -77,10 +79,16 @@ def load(path: Path) -> str:
     """Seed this node's compile caches from the saved artifacts (before anything compiles):
     'warm', or 'cold' when there are none or they cannot be used (said in the log; the job
     goes on and compiles)."""
-    try:
-        artifacts = path.read_bytes()
-    except FileNotFoundError:
+    if not path.exists():
         return "cold"
+    handle = userfiles.open_own(path)
+    if handle is None:
+        why = userfiles.why_not_own(path) or "it cannot be read"
+        log.warning("compile cache not loaded: %s; compiling from scratch", why)
+        return "cold"
+    try:
+        with handle:
+            artifacts = handle.read()
     except OSError as err:
         log.warning("compile cache %s cannot be read (%s): compiling from scratch", path, err)
         return "cold"
@@ -113,7 +121,9 @@ def _store(path: Path, artifacts: bytes) -> None:
     """Write the file whole (runfolder's atomic file: synced, renamed into place) while holding
     the workload folder's lock, so one job writes at a time and readers see old or new."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    userfiles.keep_private(path.parent)  # else its files are never loaded (see `load`)
     with _locked(path.parent / ".lock"), runfolder.atomic_file(path) as partial:
+        partial.chmod(0o644)  # readable by the group, writable by this user alone
         partial.write_bytes(artifacts)
 
 

@@ -6,6 +6,7 @@ uint8 pixels (normalised by the loaders, on the host or on the GPU) or float32 (
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,8 @@ from core.errors import KitError
 from core.settings.loading import from_dict
 from core.settings.schema import MODELS, Config, ConfigError
 from train import data, early, model
+
+log = logging.getLogger("kit")
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Shape = model.Shape
@@ -125,6 +128,11 @@ def build_model(cfg: Config, shape: Shape, classes: int) -> nn.Module:
     built = factories.call("model.name", name, shape, classes)
     if not isinstance(built, nn.Module):
         raise factories.broken("model.name", name, f"returned a {type(built).__name__}")
+    if not any(p.requires_grad for p in built.parameters()):  # DDP refuses it in every rank
+        raise factories.broken(
+            "model.name", name, "returned a model with no trainable parameters (none, or all "
+            "frozen): there is nothing to train"
+        )  # fmt: skip
     with torch.random.fork_rng(devices=[]):  # the run's random stream stays as it was
         sample = random_batch(cfg, shape, classes, 2, "cpu")
     _check_outputs(name, built, sample, classes)
@@ -222,6 +230,12 @@ def _classes(spec: str, *splits: torch.Tensor) -> int:
     stray label must not make a model of thousands (or, at 10⁹, a 512 GB) of empty classes."""
     present = torch.unique(torch.cat(splits))
     classes = int(present[-1]) + 1
+    if len(present) == 1:  # every prediction of that one class is right: accuracy says nothing
+        log.warning(
+            "warning: data.dataset=%s gave labels of one class only (%d): a model that always "
+            "answers it scores 100 %%, so the accuracy says nothing; is it the right data?",
+            spec, classes - 1,
+        )  # fmt: skip
     if len(present) < classes:
         missing = sorted(set(range(min(classes, 10**6))) - set(present.tolist()))[:3]
         raise factories.broken(

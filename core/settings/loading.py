@@ -29,22 +29,35 @@ if typing.TYPE_CHECKING:  # imported where used: readers of many runs never pay 
 
 
 def load_config(
-    config_file: str | Path | None = None,
+    config_files: Sequence[str | Path] = (),
     overrides: Sequence[str] = (),
     mode: str | None = None,
     nodes: int | None = None,
+    program: Sequence[str] = (),
 ) -> Config:
-    """Merge defaults ← file ← overrides (← --mode/--nodes), check it, and return a typed Config."""
+    """Merge defaults ← files, in order ← overrides (← --mode/--nodes, and the words after `--`
+    as `program`), check it, and return a typed Config. Files merge key by key, the later
+    winning (a cluster's file, then an experiment's); a list (cluster.setup) is one value: the
+    later file's replaces it whole."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     layers = [_defaults()]
-    if config_file is not None:
-        layers.append(_read_yaml(Path(config_file)))
-    flags = [f"mode={mode}"] * (mode is not None) + [f"cluster.nodes={nodes}"] * (nodes is not None)
-    layers.append(_parse_overrides([*overrides, *flags]))
+    layers += [_read_yaml(Path(path)) for path in config_files]
+    flags: dict[str, tuple[str, object]] = {
+        "mode": (f"--mode {mode}", mode),
+        "cluster.nodes": (f"--nodes {nodes}", nodes),
+    }
+    given = {key: flag for key, flag in flags.items() if flag[1] is not None}
+    _check_given_once(overrides, given)
+    layers.append(_parse_overrides([*overrides, *(f"{k}={v}" for k, (_, v) in given.items())]))
+    if program:
+        _check_program_once(overrides, program)
+        layers.append(OmegaConf.create({"program": list(program)}))
     for layer in layers[1:]:
-        _check_keys(OmegaConf.to_container(layer), Config, "")
+        values = OmegaConf.to_container(layer)  # as written: nothing resolved
+        _check_keys(values, Config, "")
+        _refuse_interpolations(values, "")
     try:
         cfg = typing.cast(Config, OmegaConf.to_object(OmegaConf.merge(*layers)))
     except OmegaConfBaseException as err:
@@ -72,9 +85,24 @@ def to_yaml(cfg: Config) -> str:
     from omegaconf._utils import get_omega_conf_dumper
 
     return yaml.dump(
-        to_dict(cfg), Dumper=get_omega_conf_dumper(), default_flow_style=False,
+        _escape_dollars(to_dict(cfg)), Dumper=get_omega_conf_dumper(), default_flow_style=False,
         allow_unicode=True, sort_keys=False,
     )  # fmt: skip
+
+
+def _escape_dollars(value: Any) -> Any:
+    """Text holding `${` (a shell variable in a setup line, written `\\${HOME}`) as OmegaConf
+    reads it back as text: escaped, with the backslashes before it doubled."""
+    if isinstance(value, dict):
+        return {k: _escape_dollars(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_escape_dollars(v) for v in value]
+    if isinstance(value, str) and "${" in value:
+        return _DOLLARS.sub(lambda found: found[1] * 2 + "\\${", value)
+    return value
+
+
+_DOLLARS = re.compile(r"(\\*)\$\{")
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
@@ -187,6 +215,65 @@ def _config_text(path: Path) -> str:
         raise ConfigError(f"config file {path} is not UTF-8 text: name a YAML file") from None
 
 
+def _check_given_once(overrides: Sequence[str], flags: dict[str, tuple[str, object]]) -> None:
+    """Each setting given once: a key twice on the line (or a group and a key in it), or a flag
+    (--mode, --nodes) and a key=value that disagree, is refused naming both, rather than one
+    of them taken without a word."""
+    seen: dict[str, str] = {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        for earlier_key, earlier in seen.items():
+            same = key == earlier_key and value == earlier.partition("=")[2]
+            if not same and _overlap(key, earlier_key):
+                raise ConfigError(
+                    f"{earlier} and {item} both set {min(key, earlier_key, key=len)}: "
+                    "give each setting once"
+                )
+        seen[key] = item
+    for setting, (flag, given) in flags.items():
+        written = next((seen[k] for k in seen if _overlap(k, setting)), None)
+        if written is not None and written != f"{setting}={given}":
+            raise ConfigError(f"{flag} and {written} both set {setting}: give one of them")
+
+
+def _check_program_once(overrides: Sequence[str], program: Sequence[str]) -> None:
+    """The program is given after `--` or as program=[…], not both."""
+    written = next((item for item in overrides if item.partition("=")[0] == "program"), None)
+    if written is not None:
+        raise ConfigError(
+            f"-- {' '.join(program)} and {written} both set program: give one of them"
+        )
+
+
+def _overlap(key: str, other: str) -> bool:
+    """The same setting, or a group and a setting in it (cluster.sbatch_extra and
+    cluster.sbatch_extra.time)."""
+    return key == other or key.startswith(f"{other}.") or other.startswith(f"{key}.")
+
+
+# `${…}`: OmegaConf's interpolation, resolved when the settings are built (`${oc.env:TOKEN}`
+# would be a token written in clear into config.yaml and run.json); `\${…}` is its escape.
+_INTERPOLATION = re.compile(r"(?<!\\)(\\\\)*\$\{")
+
+
+def _refuse_interpolations(values: Any, key: str) -> None:
+    """No setting is an interpolation: the kit keeps what was written, and resolves nothing
+    into the run folder (an environment variable, another setting, a decoded value)."""
+    if isinstance(values, dict):
+        for name, value in values.items():
+            _refuse_interpolations(value, f"{key}.{name}".strip("."))
+    elif isinstance(values, list):
+        for value in values:
+            _refuse_interpolations(value, key)
+    elif isinstance(values, str) and _INTERPOLATION.search(values):
+        raise ConfigError(
+            f"{key}={values!r} holds an interpolation (${{…}}), which the kit does not resolve: "
+            "its value would be written into the run folder. For a shell variable in "
+            "cluster.setup write $NAME or \\${NAME} (e.g. cluster.setup=['export T=$TOKEN']), "
+            "which the job's shell expands; for any other setting write the value itself"
+        )
+
+
 def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
     from omegaconf import OmegaConf
 
@@ -196,6 +283,12 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
         if not sep or not all(key.split(".")):  # no key, or an empty part: `train..epochs`
             raise ConfigError(
                 f"override {item!r} is not of the form key=value, e.g. train.epochs=3"
+            )
+        if "[" in key or "]" in key:  # OmegaConf's indexed keys: one item of a list
+            whole = key.split("[")[0]
+            raise ConfigError(
+                f"{key}: the kit sets no single item of a list; give the whole list, e.g. "
+                f"'{whole}=[{value}]'"
             )
         check_written(key, value)  # before YAML folds a line break into a space
         items.append(item if value else f"{key}=''")  # `key=` means the empty string
@@ -253,6 +346,8 @@ def _as_written(value: Any, node: yaml.Node | None, hint: Any, key: str) -> Any:
                 )
         return value
     if isinstance(node, yaml.SequenceNode) and isinstance(value, list) and origin is list:
+        if key in _LINES:
+            _refuse_split_lines(node, key)
         return [_as_written(v, n, args[0], key) for v, n in zip(value, node.value, strict=False)]
     if not isinstance(node, yaml.ScalarNode) or (node.tag == _NULL and node.style is None):
         return value
@@ -266,6 +361,24 @@ def _as_written(value: Any, node: yaml.Node | None, hint: Any, key: str) -> Any:
             "it in plain decimal digits, without a leading 0, '0x', '_' or ':'"
         )
     return value
+
+
+_LINES = ("cluster.setup",)  # lists of shell lines, where a comma belongs to a command
+
+
+def _refuse_split_lines(node: yaml.SequenceNode, key: str) -> None:
+    """`[export A=1,2]` is YAML's list of two lines, 'export A=1' and '2': two plain items with
+    only a comma between them are refused, as one line meant to hold it."""
+    for before, after in zip(node.value, node.value[1:], strict=False):
+        plain = all(isinstance(n, yaml.ScalarNode) and n.style is None for n in (before, after))
+        buffer = before.end_mark.buffer
+        if plain and buffer and buffer[before.end_mark.index : after.start_mark.index] == ",":
+            joined = f"{before.value},{after.value}"
+            raise ConfigError(
+                f"{key}=[…{joined}…] reads as two lines, {before.value!r} and {after.value!r}: "
+                f"YAML splits a list at each comma. Quote a line that holds a comma "
+                f"({key}=['{joined}']), or write a space after a comma between two lines"
+            )
 
 
 # Decimal as Python and YAML 1.2 read it: no leading zero, no '_', no base-60 '1:30'.
@@ -357,3 +470,22 @@ def _type_error_message(err: OmegaConfBaseException) -> str:
     if kind is None or value is None:
         return f"setting {key!r} has the wrong type: {_first_line(err)}"
     return f"{key}={value!r} must be {kind}"
+
+
+_SETTING = re.compile(r"\{([a-z_]+(?:\.[a-z_]+)+)\}")  # `{train.lr}` in a program's argument
+
+
+def program_arguments(cfg: Config) -> list[str]:
+    """The program's words, each `{group.key}` replaced by the run's setting (a sweep's grid values
+    reach the program so); any other braces stay as written."""
+    values = to_dict(cfg)
+
+    def setting(found: re.Match[str]) -> str:
+        value: Any = values
+        for part in found.group(1).split("."):
+            if not isinstance(value, dict) or part not in value:
+                return found.group(0)
+            value = value[part]
+        return str(value)
+
+    return [_SETTING.sub(setting, word) for word in cfg.program]

@@ -82,6 +82,25 @@ def check_ranges(cfg: Config) -> None:
         _check_range(key, _get(cfg, key), low, high)
 
 
+def _check_program(cfg: Config) -> None:
+    """A program decides its own strategy: the kit gives it a shape of tasks, and trains nothing
+    of its own (the largest-batch searches are the kit's loop's)."""
+    if not strategies.of(cfg).program_shape:
+        shapes = [s for s in strategies.STRATEGIES.values() if s.program_shape]
+        choices = " or ".join(f"--mode {s.name} ({s.program_shape})" for s in reversed(shapes))
+        raise ConfigError(
+            f"--mode {cfg.mode} wraps the kit's own loop; a program of yours chooses its strategy "
+            f"itself: give {choices}"
+        )
+    if cfg.task != Task.train:
+        raise ConfigError(
+            f"task={cfg.task} searches with the kit's own loop, not a program: drop task, or the "
+            "program after `--`"
+        )
+    if not cfg.program[0].strip():
+        raise ConfigError("program's first word is empty: give the command to run, e.g. python")
+
+
 def validate(cfg: Config) -> None:
     """Every rule a config must meet, whoever made it; the first one broken raises."""
     strategy = strategies.of(cfg)  # an unknown mode first: it names the valid ones
@@ -90,6 +109,8 @@ def validate(cfg: Config) -> None:
     for key in _SLURM_NAMES:
         _check_slurm_name(key, _get(cfg, key))
     t, c = cfg.train, cfg.cluster
+    if cfg.program:
+        _check_program(cfg)
     if c.gpu_type and not _GRES_TYPE.fullmatch(c.gpu_type):
         raise ConfigError(
             f"cluster.gpu_type={c.gpu_type!r} is not a GPU type name: letters, digits, '.', '_' "
@@ -127,8 +148,10 @@ def validate(cfg: Config) -> None:
             f"output.name={cfg.output.name!r} may hold only {NAME_RULE}: it becomes part of a "
             "folder name and of Slurm's log paths, e.g. output.name=lr-0.1"
         )
-    # The strategy's own rules (an unknown mode, DP on several nodes, …) before the backend's.
-    strategy.check(cfg)
+    # The strategy's own rules (an unknown mode, DP on several nodes, …) before the backend's; a
+    # program's DP shape is one task per node, on as many nodes as it asks.
+    if not cfg.program:
+        strategy.check(cfg)
     if c.backend == Backend.local and c.nodes > 1:
         raise ConfigError(
             f"the local backend runs on one machine; cluster.nodes={c.nodes} needs "
@@ -143,6 +166,8 @@ def validate(cfg: Config) -> None:
         )
     _check_setup(c.setup)
     _check_container(c.container)
+    if cfg.program:
+        return  # the program brings its own workload, batch and speed options
     _check_workload(cfg)
     _check_batch_split(cfg)
     _check_speed_options(cfg)

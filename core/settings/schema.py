@@ -171,7 +171,8 @@ class ModelConfig:
 @dataclass
 class ContainerConfig:
     """Each task inside a container (`image` empty: none). The image needs Python with torch,
-    submitit, omegaconf and pandas; the kit's checkout, output.root and data.root are mounted."""
+    submitit, omegaconf and pandas; the kit's checkout, the user's code (the launching
+    PYTHONPATH's folders, the factories' folders), output.root and data.root are mounted."""
 
     image: str = ""  # apptainer: a .sif path or docker://…; pyxis: an enroot image or registry#name
     runtime: ContainerRuntime = ContainerRuntime.apptainer
@@ -236,6 +237,10 @@ class OutputConfig:
 class Config:
     mode: str = "ddp"  # a strategy's name (core.strategies), checked by core.settings.rules
     task: Task = Task.train
+    # A program of the user's own run in every task instead of the kit's loop, with its
+    # arguments (`launch submit … -- python my_train.py ARGS`); `{group.key}` in an argument is
+    # the run's setting. --mode ddp: one task per GPU; --mode dp: one per node.
+    program: list[str] = field(default_factory=list)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -58,6 +58,8 @@ class Strategy:
     # Process shape: one process per GPU, or one per node driving all the node's GPUs.
     per_gpu: ClassVar[bool] = True
     always_shown: ClassVar[bool] = False  # a column even where no run of it is in a group
+    # A shape for a user's program (`program`): its tasks, and nothing of the kit's wrapping.
+    program_shape: ClassVar[str] = ""
     # Where it runs without GPUs as something its label does not say: its heading then, and why.
     cpu_label: ClassVar[str] = ""
     cpu_note: ClassVar[str] = ""

@@ -23,6 +23,7 @@ class DDP(Strategy):
 
     name, label, order, colour = "ddp", "DDP", 1, "tab:blue"
     summary = "DistributedDataParallel: gradients averaged by all-reduce, one process per GPU"
+    program_shape = "one task per GPU"
     always_shown = True  # the article's comparison, and the one every other strategy is held to
     takes_comm_hook = True
     hook_colours: typing.ClassVar[dict[CommHook, str]] = {

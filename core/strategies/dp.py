@@ -18,6 +18,7 @@ class DataParallel(Strategy):
     name, label, order, colour = "dp", "DP", 0, "tab:orange"
     summary = "nn.DataParallel: one process scatters each batch over its node's GPUs"
     per_gpu = False
+    program_shape = "one task per node"
     always_shown = True  # the article's comparison: DDP against DP
     cpu_label = "DP (one process, no DataParallel)"
     cpu_note = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import typing
 from pathlib import Path
 from typing import Any
@@ -82,12 +83,72 @@ class FSDP(Strategy):
             set_state_dict(model, optimizer, model_state_dict=state["model"],
                            optim_state_dict=state["optimizer"], options=_whole())  # fmt: skip
             return
+        folder = state["shards_folder"]
+        reader = shards_reader(folder)
+        reader.read_metadata()  # refused here in one line, not inside dcp's collective
         model_state, optimizer_state = get_state_dict(model, optimizer)
         # In place: each rank's tensors are filled with its own shards.
         dcp.load({"model": model_state, "optimizer": optimizer_state},
-                 checkpoint_id=state["shards_folder"])  # fmt: skip
+                 checkpoint_id=folder, storage_reader=reader)  # fmt: skip
         set_state_dict(model, optimizer, model_state_dict=model_state,
                        optim_state_dict=optimizer_state)  # fmt: skip
+
+
+def shards_reader(folder: Path) -> Any:
+    """torch.distributed.checkpoint's reader of a shards folder, but for its metadata file (a
+    pickle), unpickled with only the types such metadata is made of: torch's own reader
+    unpickles anything, and a run folder is data that others may write."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class _Reader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            path = self._get_metadata_path(kwargs.get("rank"))
+            with self.fs.create_stream(path, "rb") as stream:
+                metadata = _MetadataUnpickler(stream, path).load()
+            if getattr(metadata, "storage_meta", None) is None:  # as torch's reader does
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return _Reader(folder)
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds the types of a shards folder's metadata and nothing else (no function to call)."""
+
+    _ALLOWED: typing.ClassVar[dict[str, set[str]]] = {
+        "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+        "torch.serialization": {"_get_layout"},  # a layout by its name
+        "torch": {"Size"},
+        "pathlib": {"PosixPath", "PurePosixPath", "Path"},
+        "collections": {"OrderedDict"},
+    }
+
+    def __init__(self, stream: Any, path: object) -> None:
+        super().__init__(stream)
+        self.path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        found = super().find_class(module, name) if module in self._known else None
+        metadata_type = module == "torch.distributed.checkpoint.metadata" and isinstance(
+            found, type
+        )
+        if metadata_type or name in self._ALLOWED.get(module, ()) or isinstance(found, torch.dtype):
+            return found
+        from core.runfolder import RunFolderError
+
+        raise RunFolderError(
+            f"{self.path} names {module}.{name}, which a shards folder of this kit never holds: "
+            "it was not loaded, since loading it could run code; resume only shards the kit "
+            "saved, or start a new run"
+        )
+
+    _known: typing.ClassVar[frozenset[str]] = frozenset(
+        {"torch.distributed.checkpoint.metadata", "torch", *_ALLOWED}
+    )
 
 
 def _whole() -> StateDictOptions:

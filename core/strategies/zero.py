@@ -24,6 +24,8 @@ class Zero(DDP):
     """DDP's gradients, with each rank keeping and updating only its share of the optimizer
     state (ZeRO stage 1); the updated parameters are broadcast from their owners."""
 
+    program_shape = ""  # a program on ZeRO's tasks is DDP's shape: --mode ddp
+
     name, label, order, colour = "zero", "ZeRO", 2, "tab:purple"
     summary = "DDP with the optimizer state sharded over the ranks (ZeroRedundancyOptimizer)"
     always_shown = False

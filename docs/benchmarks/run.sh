@@ -10,12 +10,21 @@ repeats=${2:-3}
 shift $(($# < 2 ? $# : 2))
 python=${KIT_PYTHON:-python3}
 gpus=$("$python" -c 'import torch; print(torch.cuda.device_count() or 4)')
-common=(--nodes 1 cluster.backend=local "cluster.gpus_per_node=$gpus" "output.root=$out" train.checkpoint=false "$@")
+common=(--nodes 1 cluster.backend=local "cluster.gpus_per_node=$gpus" "output.root=$out" train.checkpoint=false)
+# The script's settings as a settings file that the user's key=value words override (the kit
+# refuses a setting given twice on one line).
+file=$(mktemp --suffix=.yaml)
+trap 'rm -f "$file"' EXIT
+submit() {
+    "$python" -m launch config "${common[@]}" "$@" > "$file"
+    "$python" -m launch submit --config "$file" "${user[@]}" --wait
+}
+user=("$@")
 for i in $(seq "$repeats"); do
     for mode in dp ddp; do
-        "$python" -m launch submit --mode "$mode" "${common[@]}" --wait
+        submit --mode "$mode"
     done
 done
 for mode in dp ddp; do
-    "$python" -m launch submit --mode "$mode" task=largest_batch "${common[@]}" --wait
+    submit --mode "$mode" task=largest_batch
 done

@@ -17,7 +17,20 @@ found=$("$python" -c 'import torch; print(torch.cuda.device_count())')
 gpus=$((found > 0 ? found : 2))
 common=(--nodes 1 cluster.backend=local "cluster.gpus_per_node=$gpus" "output.root=$out"
         train.checkpoint=false cluster.timeout_min=20)
-run() { "$python" -m launch submit "${common[@]}" "$@" --wait -q || echo "run failed: $*" >&2; }
+# One run: the script's settings ($1, a list in one string) as a settings file that the user's
+# key=value words (the rest) override; the kit refuses a setting given twice on one line.
+run() {
+    local mine=$1 file
+    shift
+    file=$(mktemp --suffix=.yaml)
+    # shellcheck disable=SC2086  # the string is a list of settings, split on purpose
+    if "$python" -m launch config "${common[@]}" $mine > "$file"; then
+        "$python" -m launch submit --config "$file" "$@" --wait -q || echo "run failed: $mine $*" >&2
+    else
+        echo "run failed: $mine $*" >&2
+    fi
+    rm -f "$file"
+}
 strategies=("--mode dp" "--mode ddp" "--mode ddp dist.comm_hook=bf16" "--mode zero" "--mode fsdp")
 workloads=(
     ""
@@ -25,13 +38,11 @@ workloads=(
     "data.dataset=patterns data.channels=1 data.image_size=28 data.classes=100000 train.epochs=3"
 )
 for workload in "${workloads[@]}"; do
-    # shellcheck disable=SC2086  # the strings are lists of settings, split on purpose
     for strategy in "${strategies[@]}"; do
-        run $strategy $workload "$@"
+        run "$strategy $workload" "$@"
     done
     ((found > 0)) || continue
     for strategy in "${strategies[@]}"; do
-        # shellcheck disable=SC2086
-        run $strategy task=largest_batch $workload "$@"
+        run "$strategy task=largest_batch $workload" "$@"
     done
 done

@@ -1,0 +1,213 @@
+"""A user's own program launched by the kit (`launch submit … -- python my_train.py ARGS`): each
+task gets its place in the job, the program's records and failures are reported as the kit's own
+loop's are, and a program that saves on a stop is requeued and goes on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kit import REPO, kit, records, run_folder
+from slurm_cluster import SlurmCluster
+
+EXAMPLE = str(REPO / "docs" / "examples" / "ddp_script.py")
+
+# Writes the place each task was given, one JSON file per rank, then exits as RANK says.
+PLACE = """
+import json, os, sys
+names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+         "KIT_RUN_DIR", "KIT_CHECKPOINT_DIR")
+with open(os.path.join(sys.argv[1], "rank-" + os.environ["RANK"] + ".json"), "w") as f:
+    json.dump({"env": {n: os.environ.get(n) for n in names}, "argv": sys.argv[2:]}, f)
+if os.environ["RANK"] == sys.argv[2]:
+    sys.exit("rank " + os.environ["RANK"] + " gave up: no data here")
+"""
+
+
+def _submit(
+    tmp_path: Path, *settings: str, program: list[str], env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return kit(
+        "launch", "submit", *settings, f"output.root={tmp_path}/runs", "--wait", "--", *program,
+        env=env, timeout=480,
+    )  # fmt: skip
+
+
+def test_a_users_ddp_script_trains_and_its_records_are_shown(tmp_path: Path) -> None:
+    """The example script (its own model, loss, DataLoader and schedule) on two local ranks:
+    `--wait` shows what it logged and its end; every rank starts, logs and ends; its checkpoint
+    is in the run folder."""
+    done = _submit(
+        tmp_path, "--mode", "ddp", "cluster.backend=local", "cluster.gpus_per_node=2",
+        program=[sys.executable, EXAMPLE, "--epochs", "2"],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert f"2 rank(s) started `{sys.executable} {EXAMPLE} --epochs 2`" in lines
+    logged = [line for line in lines if line.startswith("epoch ")]
+    assert [line.split(",")[0] for line in logged] == ["epoch 1", "epoch 2"], lines
+    assert "accuracy 1" in logged[-1] and "lr 0" in logged[-1]
+    assert (
+        lines[-1].startswith("job ")
+        and " done: the program ended with status 0 after " in lines[-1]
+    )
+    folder = run_folder(done.stdout)
+    for rank in (0, 1):
+        start, *logs, summary = records(folder, rank)
+        assert (start["kind"], start["task"], start["rank"], start["world_size"]) == (
+            "start", "program", rank, 2,
+        )  # fmt: skip
+        assert [r["fields"]["epoch"] for r in logs] == [1, 2]
+        assert (summary["kind"], summary["exit_code"]) == ("summary", 0)
+    assert (folder / "checkpoints" / "program" / "last.pt").is_file()
+    status = kit("launch", "status", str(folder))
+    assert status.returncode == 0 and " COMPLETED " in status.stdout, status.stdout
+
+
+def test_each_task_gets_its_place_and_the_failing_rank_is_named(tmp_path: Path) -> None:
+    """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT and the run folder's places
+    reach every task; `{train.lr}` in an argument is the run's setting; the rank that failed is
+    named with the program's own last words, and the run's status says FAILED."""
+    script = tmp_path / "place.py"
+    script.write_text(PLACE)
+    out = tmp_path / "places"
+    out.mkdir()
+    done = _submit(
+        tmp_path, "--mode", "ddp", "cluster.backend=local", "cluster.gpus_per_node=3",
+        "train.lr=0.25", program=[sys.executable, str(script), str(out), "2", "--lr={train.lr}"],
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    folder = run_folder(done.stdout)
+    places = [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(3)]
+    for rank, place in enumerate(places):
+        env = place["env"]
+        assert (env["RANK"], env["LOCAL_RANK"]) == (str(rank), str(rank))
+        assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("3", "3")
+        assert env["KIT_RUN_DIR"] == str(folder)
+        assert env["KIT_CHECKPOINT_DIR"] == str(folder / "checkpoints" / "program")
+        assert place["argv"] == ["2", "--lr=0.25"]
+    assert len({(p["env"]["MASTER_ADDR"], p["env"]["MASTER_PORT"]) for p in places}) == 1
+    assert int(places[0]["env"]["MASTER_PORT"]) > 0
+    failed = next(line for line in done.stdout.splitlines() if " failed: " in line)
+    assert failed.endswith(f"rank 2 on {records(folder, 2)[-1]['host']} failed first: "
+                           f"{sys.executable} exited with status 1"), failed  # fmt: skip
+    assert "rank 2 gave up: no data here" in done.stdout
+    status = kit("launch", "status", str(folder))
+    assert " FAILED " in status.stdout, status.stdout
+
+
+def test_dp_runs_one_task_that_sees_the_whole_node(tmp_path: Path) -> None:
+    script = tmp_path / "place.py"
+    script.write_text(PLACE)
+    out = tmp_path / "places"
+    out.mkdir()
+    done = _submit(
+        tmp_path, "--mode", "dp", "cluster.backend=local", "cluster.gpus_per_node=4",
+        program=[sys.executable, str(script), str(out), "none"],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [p.name for p in out.iterdir()] == ["rank-0.json"]
+    env = json.loads((out / "rank-0.json").read_text())["env"]
+    assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("1", "1")
+
+
+ONCE = """
+import os, sys
+marker = os.path.join(os.environ["KIT_CHECKPOINT_DIR"], "tried-" + os.environ["RANK"])
+if os.environ["RANK"] == "1" and not os.path.exists(marker):
+    open(marker, "w").close()
+    sys.exit("rank 1: no data yet")
+print("rank", os.environ["RANK"], "argv", sys.argv[1:])
+"""
+
+
+def test_a_failed_program_run_resumes_and_a_sweep_gives_each_run_its_values(tmp_path: Path) -> None:
+    """`launch resume` starts the program again in its run folder (its checkpoint folder as
+    left); a local sweep runs the program once per grid point, `{train.lr}` being each point's;
+    the program may come from a settings file."""
+    script = tmp_path / "once.py"
+    script.write_text(ONCE)
+    settings = ["cluster.backend=local", "cluster.gpus_per_node=2"]
+    done = _submit(tmp_path, "--mode", "ddp", *settings, program=[sys.executable, str(script)])
+    assert done.returncode == 1 and "rank 1: no data yet" in done.stdout, done.stdout
+    folder = run_folder(done.stdout)
+    again = kit("launch", "resume", str(folder), "--wait")
+    assert again.returncode == 0 and " done: the program ended with status 0" in again.stdout, (
+        again.stdout + again.stderr
+    )
+    assert "COMPLETED" in kit("launch", "status", str(folder)).stdout
+    config = tmp_path / "program.yaml"
+    config.write_text(f"program: [{sys.executable}, {script}, --lr, '{{train.lr}}']\n")
+    sweep = kit(
+        "launch", "sweep", "--modes", "ddp", "--config", str(config), *settings,
+        "--grid", "train.lr=0.5,0.25", f"output.root={tmp_path}/sweep",
+    )  # fmt: skip
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    argvs = sorted(
+        line.split("argv ", 1)[1]
+        for log in (tmp_path / "sweep").rglob("*_0_log.out")
+        for line in log.read_text().splitlines()
+        if line.startswith("rank 0 argv")
+    )
+    assert argvs == ["['--lr', '0.25']", "['--lr', '0.5']"], argvs
+
+
+@pytest.mark.parametrize(
+    ("words", "message"),
+    [
+        (
+            ["--mode", "fsdp", "--", "python", "x.py"],
+            "error: --mode fsdp wraps the kit's own loop; a program of yours chooses its strategy "
+            "itself: give --mode ddp (one task per GPU) or --mode dp (one task per node)",
+        ),
+        (
+            ["--mode", "ddp", "--", "no-such-command-here"],
+            "error: the program `no-such-command-here` is not found here (the job looks for it "
+            "the same way): give a path, or a command on PATH (e.g. `-- python my_train.py`)",
+        ),
+        (
+            ["--mode", "ddp", "program=[python]", "--", "python", "x.py"],
+            "error: -- python x.py and program=[python] both set program: give one of them",
+        ),
+        (
+            ["--mode", "ddp", "--"],
+            "error: nothing follows `--`: give the program to run, e.g. `-- python my_train.py "
+            "--epochs 3` (see `python -m launch submit --help`)",
+        ),
+    ],
+)
+def test_a_program_the_kit_cannot_run_is_refused_in_one_line(
+    tmp_path: Path, words: list[str], message: str
+) -> None:
+    done = kit("launch", "submit", "cluster.backend=local", f"output.root={tmp_path}/runs", *words)
+    assert done.returncode == 2 and done.stderr.splitlines() == [message], done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slurm
+def test_a_program_on_two_slurm_nodes_is_stopped_requeued_and_goes_on(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """Two nodes through submitit on the test cluster, a one-minute limit: Slurm's warning stops
+    the program, which saves and exits; the kit requeues the job and the program goes on from its
+    checkpoint to its last epoch."""
+    done = _submit(
+        tmp_path, "--mode", "ddp", "--nodes", "2", "cluster.backend=slurm",
+        "cluster.gpus_per_node=1", "cluster.cpus_per_task=1", "cluster.timeout_min=1",
+        program=[sys.executable, EXAMPLE, "--epochs", "12", "--pause", "0.25"],
+        env={**slurm_cluster.env, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    folder = run_folder(done.stdout)
+    starts = [r for r in records(folder) if r["kind"] == "start"]
+    assert len(starts) >= 2, starts
+    other = [r for r in records(folder, 1) if r["kind"] == "start"][-1]
+    assert starts[-1]["node"] != other["node"], (starts[-1], other)  # a rank on each node
+    stops = [r for r in records(folder) if r["kind"] == "stop"]
+    assert stops and stops[0]["saved"] is True and stops[0]["requeue"], stops
+    epochs = [r["fields"]["epoch"] for r in records(folder) if r["kind"] == "log"]
+    assert epochs[-1] == 12 and sorted(set(epochs)) == list(range(1, 13)), epochs
+    assert "started again (requeued or resumed)" in done.stdout
