@@ -288,6 +288,24 @@ def queue_state(job_id: str) -> str:
     return squeue.stdout.strip().split("\n")[0] if squeue and squeue.returncode == 0 else ""
 
 
+def requeue_id() -> str | None:
+    """The id `scontrol requeue` takes: an array element's own, else the job's; None off Slurm."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"  # the bare array id would requeue every element
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def job_to_requeue() -> str | None:
+    """The Slurm job a task requeues or asks about; None off Slurm and under the local executor."""
+    return requeue_id() if os.environ.get("SUBMITIT_EXECUTOR") != "local" else None
+
+
+def restarts() -> int:
+    """How often Slurm has restarted this job (0 on the first run)."""
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+
 def time_left(job_id: str) -> tuple[int, int] | None:
     """(seconds left, time limit in seconds) of a running job; None where squeue cannot tell or
     the job has no limit."""

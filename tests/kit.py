@@ -195,3 +195,12 @@ def load_split(folder: Path, train: bool) -> Any:
 
     images, labels = data.load_raw(folder, "synthetic", train)
     return torch.utils.data.TensorDataset(data.normalise(images), labels)
+
+
+def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The exit code and shape every user error shares; returns the message."""
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    return lines[0]

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from kit import REPO, kit, kit_here
+from kit import REPO, kit, kit_here, one_error_line
 
 from core import runfolder
 from core.settings.loading import load_config
@@ -722,15 +722,6 @@ def _listing(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
-def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
-    """The exit code and shape every user error shares; returns the message."""
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "Traceback" not in done.stderr
-    lines = done.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
-    return lines[0]
-
-
 @pytest.fixture
 def tmp(tmp_path: Path) -> Iterator[Path]:
     """A folder holding what the cases point at: a file, a read-only folder, bad configs."""
@@ -769,7 +760,7 @@ def test_bad_input_is_one_line_that_names_the_fix(
     before = _listing(tmp)
     args = [arg.replace("{tmp}", str(tmp)) for arg in case.args]
     done = kit_here("launch", *command, *case.mode, *_defaults_unless_set(tmp, args), *args)
-    message = _one_error_line(done)
+    message = one_error_line(done)
     for fragment in case.fragments:
         assert fragment in message
     assert done.stdout == ""  # no "submitted job", no run folder announced
@@ -823,7 +814,7 @@ def test_a_token_in_the_environment_is_never_written_in_clear(
         f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data",
         'cluster.setup=["export T=${oc.env:SECRET_TOKEN}"]', env={"SECRET_TOKEN": token},
     )  # fmt: skip
-    message = _one_error_line(done)
+    message = one_error_line(done)
     assert "write $NAME or \\${NAME}" in message and token not in message
     assert token not in done.stdout and _listing(tmp_path) == []
 
@@ -870,7 +861,7 @@ def test_status_of_one_unreadable_folder_is_an_error(
     if content is not None:
         (folder / "run.json").write_text(content)
     before = _listing(tmp_path)
-    message = _one_error_line(kit("launch", "status", str(folder)))
+    message = one_error_line(kit("launch", "status", str(folder)))
     assert all(fragment in message for fragment in fragments), message
     assert _listing(tmp_path) == before
 
@@ -908,7 +899,7 @@ def test_a_run_path_the_system_refuses_is_one_line(
     locked.mkdir(mode=0)
     path = tmp_path / LONG if where.startswith("a name") else locked / "run"
     try:
-        message = _one_error_line(kit_here(*command, str(path)))
+        message = one_error_line(kit_here(*command, str(path)))
     finally:
         locked.chmod(0o700)
     fix = "shorten it" if where.startswith("a name") else "pick a path this user can reach"
@@ -916,7 +907,7 @@ def test_a_run_path_the_system_refuses_is_one_line(
 
 
 def test_status_of_an_empty_root_says_how_to_submit(tmp_path: Path) -> None:
-    message = _one_error_line(kit("launch", "status", "--root", str(tmp_path)))
+    message = one_error_line(kit("launch", "status", "--root", str(tmp_path)))
     assert f"no runs under {tmp_path}" in message and "python -m launch submit" in message
 
 
@@ -928,7 +919,7 @@ def test_fetch_mnist_without_internet_fails_fast_and_leaves_nothing(tmp_path: Pa
     done = kit("train", "fetch-mnist", "--root", f"{tmp_path}/data", timeout=120)
     if done.returncode == 0:
         pytest.skip("this machine reaches the MNIST mirrors")
-    message = _one_error_line(done)
+    message = one_error_line(done)
     assert "could not download MNIST" in message
     assert f"fetch-mnist --root {tmp_path}/data` on a machine with internet" in message
     assert _listing(tmp_path) == []
@@ -972,7 +963,7 @@ def test_prepare_data_names_the_damaged_file(
     root = tmp_path / "mnist"
     _mnist_files(root, short_labels, bad_label)
     before = _listing(tmp_path)
-    message = _one_error_line(
+    message = one_error_line(
         kit("train", "prepare-data", "data.dataset=mnist", f"data.root={root}")
     )
     assert all(fragment in message for fragment in fragments), message
@@ -1006,7 +997,7 @@ def read_only_run(tmp_path: Path) -> Iterator[Path]:
 def test_resume_into_a_read_only_run_folder_is_one_line(read_only_run: Path) -> None:
     before = sorted(p.name for p in read_only_run.rglob("*"))
     done = kit("launch", "resume", str(read_only_run))
-    message = _one_error_line(done)
+    message = one_error_line(done)
     assert f"{read_only_run} is not writable here" in message and "resume the copy" in message
     assert sorted(p.name for p in read_only_run.rglob("*")) == before
 
@@ -1031,7 +1022,7 @@ def test_a_cancel_scancel_failed_leaves_the_run_uncancelled(
     """scancel cannot reach the controller: one line saying the job was not cancelled, and the
     run is not marked, so the job still saves at its time limit (a marked job would not)."""
     run_dir, env = unreachable_job
-    message = _one_error_line(kit("launch", "cancel", str(run_dir), env=env))
+    message = one_error_line(kit("launch", "cancel", str(run_dir), env=env))
     assert "scancel 4242 failed" in message and "the job was not cancelled" in message
     assert not runfolder.read_meta(run_dir).get("cancel_requested")
 
@@ -1043,7 +1034,7 @@ def test_a_factory_module_that_exits_on_import_is_an_error(tmp_path: Path) -> No
     where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data", "cluster.backend=local"]
     path = os.pathsep.join([str(tmp_path), str(REPO)])
     done = kit("launch", "submit", "model.name=quits:build", *where, env={"PYTHONPATH": path})
-    message = _one_error_line(done)
+    message = one_error_line(done)
     assert "importing quits ended the program (sys.exit(0))" in message
     assert "if __name__" in message and not (tmp_path / "runs").exists()
 
@@ -1068,7 +1059,7 @@ def test_a_factory_module_that_hangs_or_interrupts_on_import_is_an_error(
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(factories, "IMPORT_S", 1.0)
     where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data", "cluster.backend=local"]
-    message = _one_error_line(kit_here("launch", "submit", "model.name=stalls:build", *where))
+    message = one_error_line(kit_here("launch", "submit", "model.name=stalls:build", *where))
     assert said in message and 'if __name__ == "__main__"' in message
     assert not (tmp_path / "runs").exists()
 
@@ -1082,7 +1073,7 @@ def test_a_state_that_is_no_file_is_refused_not_started_over(tmp_path: Path, kin
     state = runfolder.state_path(run_dir)
     state.parent.mkdir()
     os.mkfifo(state) if kind == "a named pipe" else state.mkdir()
-    message = _one_error_line(kit_here("launch", "resume", str(run_dir)))
+    message = one_error_line(kit_here("launch", "resume", str(run_dir)))
     assert f"{state} is not a regular file" in message and "remove it to start the run" in message
     assert runfolder.read_meta(run_dir)["job_id"] is None  # nothing submitted
     assert state.exists() and not runfolder.metrics_path(run_dir, 0).exists()
@@ -1108,7 +1099,7 @@ def test_a_model_with_nothing_to_train_and_a_single_class_are_said(tmp_path: Pat
         "XDG_CACHE_HOME": str(tmp_path),
     }
     frozen = kit("launch", "submit", "--dry-run", "model.name=userwork:frozen", *where, env=env)
-    message = _one_error_line(frozen)
+    message = one_error_line(frozen)
     assert "model.name=userwork:frozen returned a model with no trainable parameters" in message
     zeros = ("data.dataset=userwork:zeros", "model.name=convnet")
     done = kit("launch", "submit", "--dry-run", *zeros, *where, env=env)
@@ -1131,7 +1122,7 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
 
 def test_prepare_data_on_a_full_disk_is_one_line_and_leaves_nothing(full_disk: Path) -> None:
     done = kit("train", "prepare-data", f"data.root={full_disk}/data", "data.train_size=2000")
-    message = _one_error_line(done)
+    message = one_error_line(done)
     assert "could not write the synthetic digits" in message and "No space left" in message
     assert "free space there, or point data.root at another folder" in message
     assert [p.name for p in (full_disk / "data").iterdir()] == []  # no partial copy

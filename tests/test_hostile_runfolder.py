@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kit import SMALL, kit, kit_here
+from kit import SMALL, kit, kit_here, one_error_line
 
 from core import runfolder, slurm
 from core.settings.loading import load_config
@@ -38,14 +38,6 @@ def _edit_meta(run_dir: Path, **fields: object) -> None:
     """Set run.json's fields as a hand (or another user) would."""
     meta = json.loads((run_dir / "run.json").read_text()) | fields
     (run_dir / "run.json").write_text(json.dumps(meta))
-
-
-def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "Traceback" not in done.stderr
-    lines = done.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
-    return lines[0]
 
 
 # --- 1. a checkpoint runs no code ---------------------------------------------------------
@@ -131,7 +123,7 @@ def test_a_job_id_that_is_not_slurms_reaches_no_slurm_command(
     run_dir = _run_dir(tmp_path, backend="slurm")
     _edit_meta(run_dir, job_id=job_id)
     for command in ("cancel", "status"):
-        message = _one_error_line(kit_here("launch", command, str(run_dir), env=env))
+        message = one_error_line(kit_here("launch", command, str(run_dir), env=env))
         assert f"its job id {job_id!r} is not a Slurm job id" in message, message
         assert "put the job's own id back" in message
     assert not said.exists(), said.read_text()
@@ -190,7 +182,7 @@ def test_logs_recorded_outside_the_run_folder_are_refused(tmp_path: Path) -> Non
     run_dir = _run_dir(tmp_path)
     _edit_meta(run_dir, job_id="4242", logs=[["/etc/passwd", "/etc/passwd"]])
     done = kit_here("launch", "logs", str(run_dir), "--rank", "0")
-    message = _one_error_line(done)
+    message = one_error_line(done)
     assert "names the log /etc/passwd, outside the run's logs folder" in message, message
     assert "root:" not in done.stdout
 
@@ -201,7 +193,7 @@ def test_a_log_linked_out_of_the_run_folder_is_refused(tmp_path: Path) -> None:
     log.symlink_to("/etc/passwd")
     _edit_meta(run_dir, job_id="4242", logs=[[str(log), str(log.with_suffix(".err"))]])
     done = kit_here("launch", "logs", str(run_dir), "--rank", "0")
-    message = _one_error_line(done)
+    message = one_error_line(done)
     assert f"{log} leads out of the run folder (to /etc/passwd)" in message, message
     assert "remove the link" in message and "root:" not in done.stdout
 
@@ -236,7 +228,7 @@ def test_resume_refuses_a_run_folder_with_a_link_where_it_writes(
         path.rmdir()
     path.symlink_to(target)
     before = (run_dir / "run.json").read_bytes()
-    message = _one_error_line(kit_here("launch", "resume", str(run_dir)))
+    message = one_error_line(kit_here("launch", "resume", str(run_dir)))
     assert f"{path} is a symbolic link" in message and "remove it" in message, message
     assert not target.exists() or list(target.iterdir()) == []
     assert (run_dir / "run.json").read_bytes() == before

@@ -36,6 +36,13 @@ def _submit(
     )  # fmt: skip
 
 
+def _place(tmp_path: Path) -> list[str]:
+    """The command of PLACE, written into the test's folder."""
+    script = tmp_path / "place.py"
+    script.write_text(PLACE)
+    return [sys.executable, str(script)]
+
+
 def test_a_users_ddp_script_trains_and_its_records_are_shown(tmp_path: Path) -> None:
     """The example script (its own model, loss, DataLoader and schedule) on two local ranks:
     `--wait` shows what it logged and its end; every rank starts, logs and ends; its checkpoint
@@ -71,13 +78,11 @@ def test_each_task_gets_its_place_and_the_failing_rank_is_named(tmp_path: Path) 
     """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT and the run folder's places
     reach every task; `{train.lr}` in an argument is the run's setting; the rank that failed is
     named with the program's own last words, and the run's status says FAILED."""
-    script = tmp_path / "place.py"
-    script.write_text(PLACE)
     out = tmp_path / "places"
     out.mkdir()
     done = _submit(
         tmp_path, "--mode", "ddp", "cluster.backend=local", "cluster.gpus_per_node=3",
-        "train.lr=0.25", program=[sys.executable, str(script), str(out), "2", "--lr={train.lr}"],
+        "train.lr=0.25", program=[*_place(tmp_path), str(out), "2", "--lr={train.lr}"],
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     folder = run_folder(done.stdout)
@@ -100,13 +105,11 @@ def test_each_task_gets_its_place_and_the_failing_rank_is_named(tmp_path: Path) 
 
 
 def test_dp_runs_one_task_that_sees_the_whole_node(tmp_path: Path) -> None:
-    script = tmp_path / "place.py"
-    script.write_text(PLACE)
     out = tmp_path / "places"
     out.mkdir()
     done = _submit(
         tmp_path, "--mode", "dp", "cluster.backend=local", "cluster.gpus_per_node=4",
-        program=[sys.executable, str(script), str(out), "none"],
+        program=[*_place(tmp_path), str(out), "none"],
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert [p.name for p in out.iterdir()] == ["rank-0.json"]

@@ -131,6 +131,23 @@ def take() -> dict[int, float]:
     return got
 
 
+def requeue_through_submitit(before: dict[int, Any]) -> str:
+    """submitit's own checkpoint-and-requeue, through its handler that `hold` replaced
+    (`before`): it calls the submitted Checkpointable's `checkpoint` (a resubmission of the
+    same run folder), stores it for the restart and runs `scontrol requeue`, then raises
+    SystemExit, which is ours to take. '' on success, else why the job was not requeued."""
+    handler = before.get(signal.SIGUSR2)
+    if not callable(handler):
+        return "submitit's signal handler is not installed in this process"
+    try:
+        handler(signal.SIGUSR2, None)
+    except SystemExit:
+        return ""
+    except Exception as err:  # `scontrol requeue` failed, or submitit declined to requeue
+        return str(err) or type(err).__name__
+    return "submitit did not requeue the job"
+
+
 def forkserver(preload: tuple[str, ...] = ()) -> ForkServerContext:
     """multiprocessing's forkserver context, its server and workers holding the stop signals
     (the server imports this module first, so that its forked workers watch them, then the

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from core import runfolder, strategies
+from core import runfolder, slurm, strategies
 from core.settings.rules import check_batch_fits_data, per_rank_batch
 from core.settings.schema import Precision
 from core.strategies import bare
@@ -104,7 +104,7 @@ def train(ctx: Context, started: float) -> dict[str, Any]:
         startup_parts=ctx.startup,
         first_epoch=progress.epoch,
         resumed_at_batch=progress.batches,
-        restarts=stopping.restarts(),
+        restarts=slurm.restarts(),
         compile_cache=cache_state,
         data_touched=data_touched,
     )

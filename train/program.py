@@ -116,17 +116,13 @@ def _start_fields(
         "cpus": placement.affinity(),
         "cpus_usable": placement.usable_cpus(env.local_world_size),
         "cpus_asked": placement.cpus_asked(),
-        "restarts": slurm_restarts(),
+        "restarts": slurm.restarts(),
         "startup_s": time.time() - started,
     }
 
 
 def _where() -> dict[str, Any]:
     return {"host": socket.gethostname(), "node": os.environ.get("SLURMD_NODENAME")}
-
-
-def slurm_restarts() -> int:
-    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
 
 
 def _environment(
@@ -189,7 +185,7 @@ def _put_off_by(cfg: Config) -> float:
     """Seconds until the job must stop for its time limit: Slurm's warning may come up to a
     minute before the lead asked (cluster.signal_delay_s, at most half the limit), which would
     stop every attempt of a short limit after its first save. 0 where Slurm cannot tell."""
-    job_id = _slurm_job_id()
+    job_id = slurm.job_to_requeue()
     times = slurm.time_left(job_id) if job_id else None
     if times is None:
         return 0.0
@@ -244,7 +240,7 @@ def _stopped(
     reason = signal.Signals(stop).name
     if runfolder.read_meta(run_dir).get("cancel_requested"):
         raise ProgramError("cancelled by `launch cancel`: stopped without writing")
-    job_id = _slurm_job_id()
+    job_id = slurm.job_to_requeue()
     if job_id is None:
         records.write("stop", reason=reason, saved=saved)
         raise ProgramError(
@@ -269,13 +265,6 @@ def _stopped(
     raise ProgramError(f"job {job_id} was requeued but this process was not ended")
 
 
-def _slurm_job_id() -> str | None:
-    if os.environ.get("SUBMITIT_EXECUTOR") == "local":
-        return None
-    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    return f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID")
-
-
 def _not_requeued(cfg: Config, run_dir: Path, job_id: str, saved: bool) -> str:
     """Why the job must not requeue itself ('' to requeue): too many attempts in a row saved
     nothing new in the checkpoint folder, or the hard cap."""
@@ -295,8 +284,8 @@ def _not_requeued(cfg: Config, run_dir: Path, job_id: str, saved: bool) -> str:
             f"{stalled} attempts in a row saved nothing new in the checkpoint folder "
             f"(cluster.requeues_without_progress={c.requeues_without_progress})"
         )
-    if slurm_restarts() >= c.max_requeues:
-        return f"the job was requeued {slurm_restarts()} time(s) already (cluster.max_requeues)"
+    if slurm.restarts() >= c.max_requeues:
+        return f"the job was requeued {slurm.restarts()} time(s) already (cluster.max_requeues)"
     return ""
 
 
@@ -305,13 +294,4 @@ def _requeue(job_id: str, before: dict[int, Any]) -> str:
     same run folder), else `scontrol requeue`; '' on success, else what went wrong."""
     if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
         return slurm.requeue(job_id)
-    handler = before.get(signal.SIGUSR2)
-    if not callable(handler):
-        return "submitit's signal handler is not installed in this process"
-    try:
-        handler(signal.SIGUSR2, None)
-    except SystemExit:
-        return ""
-    except Exception as err:
-        return str(err) or type(err).__name__
-    return "submitit did not requeue the job"
+    return early.requeue_through_submitit(before)

@@ -137,20 +137,9 @@ class StopSignals:
         return str(shared[0])
 
     def requeue_through_submitit(self) -> str:
-        """submitit's own checkpoint-and-requeue, on rank 0 once the state is saved: its handler
-        calls the submitted Checkpointable's `checkpoint` (a resubmission of the same run
-        folder), stores it for the restart and runs `scontrol requeue`, then raises SystemExit,
-        which is ours to take. '' on success, else why the job was not requeued."""
-        handler = self.before.get(signal.SIGUSR2)
-        if not callable(handler):
-            return "submitit's signal handler is not installed in this process"
-        try:
-            handler(signal.SIGUSR2, None)
-        except SystemExit:
-            return ""
-        except Exception as err:  # `scontrol requeue` failed, or submitit declined to requeue
-            return str(err) or type(err).__name__
-        return "submitit did not requeue the job"
+        """submitit's own checkpoint-and-requeue, on rank 0 once the state is saved
+        (`early.requeue_through_submitit`); '' on success, else why the job was not requeued."""
+        return early.requeue_through_submitit(self.before)
 
 
 EXIT_CANCELLED = 143  # as a process ended by SIGTERM reports itself
@@ -164,24 +153,6 @@ def _end_at_cancel(run_dir: Path, rank: int) -> None:
             if runfolder.read_meta(run_dir).get("cancel_requested"):
                 log.info("rank %d: cancelled by `launch cancel`: ending now, writing nothing", rank)
                 os._exit(EXIT_CANCELLED)
-
-
-def requeue_id() -> str | None:
-    """The id `scontrol requeue` takes: an array element's own, else the job's; None off Slurm."""
-    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    if array and task:
-        return f"{array}_{task}"  # the bare array id would requeue every element
-    return os.environ.get("SLURM_JOB_ID")
-
-
-def _slurm_job_id() -> str | None:
-    """The Slurm job to requeue or ask about; None off Slurm and under the local executor."""
-    return requeue_id() if os.environ.get("SUBMITIT_EXECUTOR") != "local" else None
-
-
-def restarts() -> int:
-    """How often Slurm has restarted this job (0 on the first run)."""
-    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
 
 
 def wait_for_slurm(seconds: float) -> None:
@@ -224,7 +195,7 @@ def arm(ctx: Context) -> None:
     once or soon) or may have come already: while no step ran yet (the sbatch script's
     `launch prepare`) or while a task's interpreter started (`core.slurm.TASK_START`), where it
     is lost. A warning that does come is put off to the same instant (`due`)."""
-    job_id = _slurm_job_id()
+    job_id = slurm.job_to_requeue()
     if job_id is None:
         return
     left = ctx.stops.from_main(_left_at_start(ctx, job_id) if ctx.env.is_main else "")
@@ -261,7 +232,7 @@ def _put_off_by(ctx: Context) -> str:
     """Rank 0's word: seconds to put the time-limit stop off by ('' to act now), said in the
     log and the run folder, where `launch status` shows it (once: a warning that comes for a
     stop already put off or armed at the start is put off without a word)."""
-    job_id = _slurm_job_id()
+    job_id = slurm.job_to_requeue()
     times = _times(ctx, job_id) if job_id else None
     if times is None:
         return ""
@@ -308,7 +279,7 @@ def stop(
     if cfg.train.checkpoint and not saved:  # train.checkpoint=false: a new attempt starts over
         checkpoint.save(ctx.run_dir, cfg, *state, progress)
     where = f"epoch {progress.epoch}, batch {progress.batches}"
-    job_id = _slurm_job_id()
+    job_id = slurm.job_to_requeue()
     if job_id is None:
         _write_stop(ctx, reason, progress)
         raise Stopped(
@@ -383,9 +354,9 @@ def not_requeued(ctx: Context, progress: checkpoint.Progress) -> str:
             f"{stalled} attempts in a row saved nothing new "
             f"(cluster.requeues_without_progress={c.requeues_without_progress}{unsaved})"
         )
-    if restarts() >= c.max_requeues:
+    if slurm.restarts() >= c.max_requeues:
         limit = f"cluster.max_requeues={c.max_requeues}"
-        return f"the job was requeued {restarts()} time(s) already ({limit})"
+        return f"the job was requeued {slurm.restarts()} time(s) already ({limit})"
     return ""
 
 
@@ -441,7 +412,9 @@ def _position(start: dict[str, Any]) -> Position | None:
 def _out_of_requeues(
     ctx: Context, reason: int, progress: checkpoint.Progress, where: str, why: str
 ) -> dict[str, Any]:
-    _write_stop(ctx, reason, progress, requeue=None, requeues_used=restarts(), not_requeued=why)
+    _write_stop(
+        ctx, reason, progress, requeue=None, requeues_used=slurm.restarts(), not_requeued=why
+    )
     message = (
         f"stopped by {reason_words(reason)} at {where}, saved; not requeued: {why}. Continue "
         f"with `python -m launch resume {ctx.run_dir}`"
