@@ -1,10 +1,4 @@
-import sys
-
-try:
-    from launch.cli import main
-except KeyboardInterrupt:  # Ctrl-C while the command loads: one line, as at any later instant
-    sys.stderr.write("interrupted\n")
-    sys.exit(130)
+import runpy
 
 if __name__ == "__main__":  # not when a spawned process imports it as its main
-    sys.exit(main())
+    runpy.run_module("slurm_ddp_kit.launch", run_name="__main__", alter_sys=True)

@@ -29,8 +29,8 @@ import pytest
 from kit import SMALL, kit, run_folder
 from slurm_cluster import SlurmCluster, install, slurm_path, slurm_prefix
 
-from core.cli import DISTRIBUTION
-from train.distenv import PORT_COUNT
+from slurm_ddp_kit.core.cli import DISTRIBUTION
+from slurm_ddp_kit.train.distenv import PORT_COUNT
 
 # Every process the tests start inherits this: torch's OpenMP threads sleep when idle instead of
 # spinning. Four workers share two cores; a spinning thread burns the CPU another job's rank

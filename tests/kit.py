@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -125,7 +126,37 @@ def _users_own(module: Any) -> bool:
     return bool(file) and not file.startswith(homes)
 
 
-MAINS = {"launch": "launch.cli", "analysis": "analysis.__main__", "train": "train.__main__"}
+MAINS = {
+    "launch": "slurm_ddp_kit.launch.cli",
+    "analysis": "slurm_ddp_kit.analysis.__main__",
+    "train": "slurm_ddp_kit.train.__main__",
+}
+
+
+COMMAND = str(Path(sys.executable).parent / "slurm-ddp-kit")  # the console command pip gives
+CAUGHT = "raise SystemExit('the project’s own {} was imported by the kit')\n"
+
+
+def project(tmp_path: Path) -> Path:
+    """A user's project: its training script is `train.py` (the example DDP script), and it
+    has modules named as the kit's packages once were, each failing loudly if imported."""
+    folder = tmp_path / "project"
+    (folder / "core").mkdir(parents=True)
+    shutil.copy(REPO / "docs" / "examples" / "ddp_script.py", folder / "train.py")
+    (folder / "core" / "__init__.py").write_text(CAUGHT.format("core/"))
+    for name in ("launch", "analysis"):
+        (folder / f"{name}.py").write_text(CAUGHT.format(f"{name}.py"))
+    return folder
+
+
+def in_project(
+    folder: Path, *words: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The console command, started in the project with the project on PYTHONPATH."""
+    return subprocess.run(
+        [COMMAND, *words], cwd=folder, env={**os.environ, **(env or {}), "PYTHONPATH": str(folder)},
+        capture_output=True, text=True, timeout=480,
+    )  # fmt: skip
 
 
 def run_folder(stdout: str) -> Path:
@@ -191,7 +222,7 @@ def load_split(folder: Path, train: bool) -> Any:
     and their labels (torch is imported here, not by the tests that only run the kit)."""
     import torch
 
-    from train import data
+    from slurm_ddp_kit.train import data
 
     images, labels = data.load_raw(folder, "synthetic", train)
     return torch.utils.data.TensorDataset(data.normalise(images), labels)

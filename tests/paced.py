@@ -34,7 +34,7 @@ def slow_convnet(shape: tuple[int, ...], classes: int) -> Any:
 def gpt(shape: tuple[int, ...], classes: int) -> Any:
     """The GPT of `model.name=gpt` at kit.TINY_GPT's width, depth and heads on the tokens
     (`shape`: the sequence length, `classes`: the vocabulary), each forward pass paced."""
-    from train.model import GPT
+    from slurm_ddp_kit.train.model import GPT
 
     model = GPT(shape[0], classes, width=32, depth=2, heads=2)
     model.register_forward_pre_hook(lambda module, args: time.sleep(PACE_S))
@@ -42,7 +42,7 @@ def gpt(shape: tuple[int, ...], classes: int) -> Any:
 
 
 def _paced(shape: tuple[int, ...], classes: int, seconds: float) -> Any:
-    from train.model import ConvNet
+    from slurm_ddp_kit.train.model import ConvNet
 
     model = ConvNet(shape, classes)
     model.register_forward_pre_hook(lambda module, args: time.sleep(seconds))

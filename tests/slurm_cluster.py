@@ -18,7 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from core import slurm
+from slurm_ddp_kit.core import slurm
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "slurm" / "testcluster"

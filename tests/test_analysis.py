@@ -17,10 +17,10 @@ import pandas as pd
 import pytest
 from kit import SMALL, kit, kit_here, records, run_folder
 
-from analysis.load import FIGURES
-from analysis.table import comparison
-from core import runfolder
-from core.settings.loading import load_config
+from slurm_ddp_kit.analysis.load import FIGURES
+from slurm_ddp_kit.analysis.table import comparison
+from slurm_ddp_kit.core import runfolder
+from slurm_ddp_kit.core.settings.loading import load_config
 
 LABELS = {f.column: f.label for f in FIGURES}
 
@@ -555,9 +555,9 @@ def test_plot_writes_a_png(runs: dict[str, Path], tmp_path: Path) -> None:
 def test_the_plot_has_a_panel_per_figure_measured(runs: dict[str, Path]) -> None:
     """CPU runs: epoch times and throughput, no empty GPU panels; a GPU figure measured by one run
     (peak memory, as a GPU run reads) brings its panel back."""
-    from analysis import plot
-    from analysis.load import load_runs
-    from analysis.table import group_runs
+    from slurm_ddp_kit.analysis import plot
+    from slurm_ddp_kit.analysis.load import load_runs
+    from slurm_ddp_kit.analysis.table import group_runs
 
     frame, _ = load_runs([runs["dp"], runs["ddp"]])
     (group,), _ = group_runs(frame)
@@ -638,7 +638,7 @@ def test_time_to_accuracy_counts_from_submission_and_from_the_first_touch_of_dat
 ) -> None:
     """Any target the first epoch reaches: its end, counted from the run folder's making (the
     submission) and from rank 0's start of reading the data; a target no epoch reached: NaN."""
-    from analysis import load
+    from slurm_ddp_kit.analysis import load
 
     run_dir = runs["ddp"]
     meta = runfolder.read_meta(run_dir)

@@ -15,9 +15,9 @@ import pytest
 import torch
 from kit import REPO, kit, kit_here, one_error_line
 
-from core import runfolder
-from core.settings.loading import load_config
-from train.data import _write_idx, synthetic_digits
+from slurm_ddp_kit.core import runfolder
+from slurm_ddp_kit.core.settings.loading import load_config
+from slurm_ddp_kit.train.data import _write_idx, synthetic_digits
 
 NO_CUDA = not torch.cuda.is_available()
 EVERY_COMMAND = (("submit",), ("submit", "--dry-run"), ("config",))
@@ -1053,7 +1053,7 @@ def test_a_factory_module_that_hangs_or_interrupts_on_import_is_an_error(
 ) -> None:
     """`launch submit` waited for ever on a module that hangs as it is imported, and called a
     module's own KeyboardInterrupt a Ctrl-C ("interrupted"): one line each now."""
-    from core import factories
+    from slurm_ddp_kit.core import factories
 
     (tmp_path / "stalls.py").write_text(code + "\ndef build(shape, classes): ...\n")
     monkeypatch.syspath_prepend(str(tmp_path))

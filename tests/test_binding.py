@@ -17,7 +17,7 @@ from kit import REPO, kit, run_folder
 from slurm_cluster import SlurmCluster
 from test_slurm_jobs import SBATCH_SMALL
 
-from core import runfolder
+from slurm_ddp_kit.core import runfolder
 
 pytestmark = pytest.mark.slurm
 

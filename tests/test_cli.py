@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from kit import REPO, SMALL, kit, kit_here
 
-from core import runfolder
-from core.cli import HeldSignals, Interrupted
-from core.settings.loading import load_config
+from slurm_ddp_kit.core import runfolder
+from slurm_ddp_kit.core.cli import HeldSignals, Interrupted
+from slurm_ddp_kit.core.settings.loading import load_config
 
 
 @pytest.mark.parametrize(
@@ -141,7 +141,7 @@ def test_sweep_dry_run_prints_each_point_and_the_array_script(tmp_path: Path) ->
         assert f"#SBATCH --cpus-per-task={cpus}\n" in script
         assert f"--kill-on-bad-exit=1 --cpus-per-task={cpus} " in script
     # Every element's tasks start as a job's do: the stop signals held before Python loads.
-    assert "-m train.start -u -m submitit.core._submit" in done.stdout
+    assert "-m slurm_ddp_kit.train.start -u -m submitit.core._submit" in done.stdout
     assert not (tmp_path / "runs").exists()  # nothing made, nothing submitted
 
 
@@ -261,7 +261,7 @@ def test_an_interrupted_slurm_sweep_names_its_own_runs_not_the_whole_root() -> N
     """The root may hold other runs: the hint follows and cancels the sweep's alone."""
     from types import SimpleNamespace
 
-    from launch.cli import SWEEP_RUNS_NAMED, _queued_words
+    from slurm_ddp_kit.launch.cli import SWEEP_RUNS_NAMED, _queued_words
 
     root = Path("/o/runs")
     few = [(root / f"r{i}", SimpleNamespace(job_id=f"71_{i}")) for i in range(2)]

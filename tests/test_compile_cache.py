@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from core.settings.loading import load_config
-from train import compile_cache
+from slurm_ddp_kit.core.settings.loading import load_config
+from slurm_ddp_kit.train import compile_cache
 
 PAYLOADS = [bytes([n]) * (3 << 20) for n in range(4)]  # 3 MB each: a write takes several syscalls
 
@@ -75,7 +75,7 @@ COMPILE_ONCE = textwrap.dedent(
     from pathlib import Path
     import torch
     from torch._dynamo.utils import counters
-    from train import compile_cache
+    from slurm_ddp_kit.train import compile_cache
 
     path = Path(sys.argv[1])
     state = compile_cache.load(path)

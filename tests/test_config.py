@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from kit import REPO, kit
 
-from core.settings.loading import load_config, to_yaml
-from core.settings.rules import per_rank_batch, world_size
-from core.settings.schema import ConfigError
-from train.data import prepare_synthetic
+from slurm_ddp_kit.core.settings.loading import load_config, to_yaml
+from slurm_ddp_kit.core.settings.rules import per_rank_batch, world_size
+from slurm_ddp_kit.core.settings.schema import ConfigError
+from slurm_ddp_kit.train.data import prepare_synthetic
 
 
 def test_defaults_are_the_articles() -> None:

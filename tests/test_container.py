@@ -69,7 +69,7 @@ def test_a_local_job_trains_inside_apptainer(tmp_path: Path, apptainer: dict[str
     binds = f"{REPO},{tmp_path}/runs,{tmp_path}/data"
     assert words.startswith(
         f"exec --nv --env=PYTHONPATH={REPO} --bind={binds} {tmp_path}/pytorch.sif "
-        f"{sys.executable} -u -m train.start"
+        f"{sys.executable} -u -m slurm_ddp_kit.train.start"
     )
 
 
@@ -143,7 +143,7 @@ def test_the_dry_run_shows_the_container_on_the_srun_line(tmp_path: Path) -> Non
         assert done.returncode == 0, done.stderr
         srun = next(line for line in done.stdout.splitlines() if line.startswith("srun "))
         assert expected in srun and f"export PYTHONPATH={REPO}" in done.stdout
-        assert (" python3 -u -m train.start" in srun) and sys.executable not in srun
+        assert (" python3 -u -m slurm_ddp_kit.train.start" in srun) and sys.executable not in srun
     assert not (tmp_path / "runs").exists()
 
 

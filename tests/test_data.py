@@ -11,8 +11,8 @@ import pytest
 import torch
 from kit import kit, load_split
 
-from core.datafiles import DataError, dataset_dir, verify
-from train.data import MEAN, STD, load_raw, prepare_synthetic
+from slurm_ddp_kit.core.datafiles import DataError, dataset_dir, verify
+from slurm_ddp_kit.train.data import MEAN, STD, load_raw, prepare_synthetic
 
 
 def _digest(folder: Path) -> str:
@@ -94,7 +94,7 @@ def test_prepare_data_command(tmp_path: Path) -> None:
 
 
 def test_metrics_reader_skips_what_it_cannot_read(tmp_path: Path) -> None:
-    from core.runfolder import RecordWriter, read_records
+    from slurm_ddp_kit.core.runfolder import RecordWriter, read_records
 
     writer = RecordWriter(tmp_path, rank=0)
     writer.write("start", mode="ddp")
@@ -114,7 +114,7 @@ def test_batch_loaders_give_what_per_sample_collation_gave(tmp_path: Path) -> No
     import torch
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-    from train import data, loaders
+    from slurm_ddp_kit.train import data, loaders
 
     folder = prepare_synthetic(tmp_path / "digits", seed=3, train_size=300, test_size=10)
     images, labels = data.load_raw(folder, "synthetic", train=True)
@@ -138,7 +138,7 @@ def test_a_loader_left_mid_epoch_leaves_no_thread_behind(tmp_path: Path) -> None
     next batch ends with them, and a fetch that failed reaches the loop as its error."""
     import threading
 
-    from train import data, loaders
+    from slurm_ddp_kit.train import data, loaders
 
     folder = prepare_synthetic(tmp_path / "digits", seed=3, train_size=300, test_size=10)
     images, labels = data.load_raw(folder, "synthetic", train=True)
@@ -168,7 +168,7 @@ def test_sampler_order_is_the_distributed_samplers(world: int, size: int) -> Non
     import torch
     from torch.utils.data import DistributedSampler, TensorDataset
 
-    from train import loaders
+    from slurm_ddp_kit.train import loaders
 
     dataset = TensorDataset(torch.zeros(size))
     for rank, shuffle, drop_last in itertools.product(range(world), (True, False), (False, True)):
@@ -186,7 +186,7 @@ def test_device_loader_serves_a_resumed_epoch_in_chunks(
     import torch
     from torch.utils.data import DistributedSampler, TensorDataset
 
-    from train import data, loaders, loop
+    from slurm_ddp_kit.train import data, loaders, loop
 
     monkeypatch.setattr(loaders, "CHUNK_BATCHES", chunk)
     folder = prepare_synthetic(tmp_path / "digits", seed=3, train_size=300, test_size=10)
@@ -207,7 +207,7 @@ def test_device_loader_serves_a_resumed_epoch_in_chunks(
 def test_evaluation_shards_cover_the_split_once_and_even_ones_match_in_length(
     count: int, world: int
 ) -> None:
-    from train import loaders
+    from slurm_ddp_kit.train import loaders
 
     split = (torch.arange(count * 4.0).reshape(count, 1, 2, 2), torch.arange(count))
     seen: list[int] = []

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import submitit
 
-from core import slurm
-from core.settings.loading import load_config
-from train.distenv import (
+from slurm_ddp_kit.core import slurm
+from slurm_ddp_kit.core.settings.loading import load_config
+from slurm_ddp_kit.train.distenv import (
     PICK_PORT,
     DistEnv,
     DistEnvError,
@@ -22,7 +22,7 @@ from train.distenv import (
     port_for_job,
     tasks_on_node,
 )
-from train.job import LaunchError, _rendezvous, check_launch
+from slurm_ddp_kit.train.job import LaunchError, _rendezvous, check_launch
 
 # What a real `srun -N2 -n4` sets for its third task (node 1, local rank 0).
 SRUN_TASK_2 = {

@@ -9,6 +9,8 @@ next; a trailing `# comment` is dropped; `;`, `&&` and `||` separate commands; l
   subcommand and every flag (as `launch`'s main does, in this process); where it takes settings
   (config, submit, sweep, prepare), `python -m launch config` resolves them (--mode, --nodes,
   --config, every key=value; a sweep's every grid point) and exits 0. Nothing is submitted.
+- `slurm-ddp-kit …` (the console command): as `python -m launch …`, or `python -m analysis` for
+  `summarize`.
 - `python -m analysis …`, `python -m train …`: their parser takes every word; train's settings
   resolve as above.
 - `python -m pytest PATH …`: every path exists.
@@ -131,6 +133,8 @@ def _check(words: list[str], where: str) -> None:
         else:
             assert module in ("launch", "analysis", "train"), f"{where}: python -m {module}?"
             _check_kit(module, rest, where)
+    elif program == "slurm-ddp-kit":  # the console command: launch's, and analysis' summarize
+        _check_kit("analysis" if args[:1] == ["summarize"] else "launch", args, where)
     elif program == "sbatch":
         _check_sbatch(args, where)
     elif program == "make":
@@ -155,7 +159,8 @@ def _check_kit(module: str, args: list[str], where: str) -> None:
     import importlib
 
     parser = importlib.import_module({
-        "launch": "launch.cli", "analysis": "analysis.__main__", "train": "train.__main__"
+        "launch": "slurm_ddp_kit.launch.cli", "analysis": "slurm_ddp_kit.analysis.__main__",
+        "train": "slurm_ddp_kit.train.__main__",
     }[module])._parser()  # fmt: skip
     program: list[str] = []
     if module == "launch" and "--" in args:  # a user's program after `--`, as launch's main
@@ -189,7 +194,7 @@ def _resolve(parsed: argparse.Namespace, where: str, extra: tuple[str, ...] = ()
             words.append(f"--{flag}={getattr(parsed, flag)}")
     points: list[tuple[str, ...]] = [()]
     if getattr(parsed, "grid", None) is not None:  # a sweep: each point, each mode
-        from launch import cli
+        from slurm_ddp_kit.launch import cli
 
         cli._check_grid_against_overrides(parsed.grid, parsed.overrides)
         modes = parsed.modes.split(",")
@@ -205,7 +210,7 @@ def _check_sbatch(args: list[str], where: str) -> None:
     mode = re.search(r"launch prepare --shell --mode (\w+)", (REPO / script).read_text())
     assert mode, f"{script}: no `launch prepare --mode` line"
     words = args[args.index(script) + 1 :]
-    from launch import cli
+    from slurm_ddp_kit.launch import cli
 
     parsed, extra = cli._parser().parse_known_args(
         ["prepare", "--shell", "--mode", mode[1], *words]

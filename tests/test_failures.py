@@ -19,7 +19,7 @@ from kit import REPO, SMALL, kit, kit_started, run_folder, wait_for
 from paced import LASTING
 from slurm_cluster import SlurmCluster
 
-from core import runfolder
+from slurm_ddp_kit.core import runfolder
 
 PACED_WORK = [*LASTING, "train.epochs=50"]
 
@@ -28,12 +28,12 @@ PACED_WORK = [*LASTING, "train.epochs=50"]
 HOOK = """
 import os
 if os.environ.get("SUBMITIT_LOCAL_GLOBALID") == os.environ.get("KIT_TEST_FAILING_RANK"):
-    import train.loop
+    import slurm_ddp_kit.train.loop as loop
 
     def _fail(*args, **kwargs):
         raise RuntimeError("injected failure in this rank")
 
-    train.loop._train_epoch = _fail
+    loop._train_epoch = _fail
 """
 
 

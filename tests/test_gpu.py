@@ -10,7 +10,7 @@ import pytest
 import torch
 from kit import SMALL, TINY_GPT, kit, records, run_folder
 
-from train.gpustats import GpuSampler
+from slurm_ddp_kit.train.gpustats import GpuSampler
 
 pytestmark = [
     pytest.mark.gpu,
@@ -187,8 +187,8 @@ def test_strategies_over_nccl_keep_ranks_equal_save_and_learn(
 ) -> None:
     """Each strategy over NCCL: ranks end with the same weights, the run learns, and the saved
     weights (gathered from the shards where sharded) are the ones the ranks ended with."""
-    from train.loop import parameters_sha256
-    from train.model import ConvNet
+    from slurm_ddp_kit.train.loop import parameters_sha256
+    from slurm_ddp_kit.train.model import ConvNet
 
     run_dir = _submit(tmp_path, *strategy, "data.train_size=16384", "train.epochs=3")
     ranks = range(torch.cuda.device_count())
@@ -246,8 +246,8 @@ def test_warm_up_then_captured_steps_match_plain_steps() -> None:
     follow the plain step's from the same start (the warm-up's steps and momentum undone)."""
     import copy
 
-    from train import steps
-    from train.model import ConvNet
+    from slurm_ddp_kit.train import steps
+    from slurm_ddp_kit.train.model import ConvNet
 
     torch.manual_seed(0)
     device = torch.device("cuda")
@@ -277,7 +277,7 @@ def test_batches_normalised_on_the_gpu_equal_those_normalised_on_the_host(tmp_pa
     reciprocal)."""
     from torch.utils.data import DistributedSampler, TensorDataset
 
-    from train import data, loaders
+    from slurm_ddp_kit.train import data, loaders
 
     folder = data.prepare_synthetic(tmp_path / "digits", seed=3, train_size=3000, test_size=10)
     images, labels = data.load_raw(folder, "synthetic", train=True)
@@ -349,8 +349,8 @@ def test_largest_model_search_finds_the_widest_gpt_that_trains(tmp_path: Path, m
     """Real steps of ever wider GPTs at a fixed batch run out of memory; the search carries on
     past every failure to a width within 5 % of the narrowest that failed, in steps of the
     heads, and counts the widest one's parameters."""
-    from core.settings.schema import ModelConfig
-    from train.model import build
+    from slurm_ddp_kit.core.settings.schema import ModelConfig
+    from slurm_ddp_kit.train.model import build
 
     run_dir = _submit(tmp_path, "--mode", mode, *GPT, "task=largest_model", "model.width=1024")
     summary = records(run_dir)[-1]

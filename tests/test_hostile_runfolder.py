@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from kit import SMALL, kit, kit_here, one_error_line
 
-from core import runfolder, slurm
-from core.settings.loading import load_config
+from slurm_ddp_kit.core import runfolder, slurm
+from slurm_ddp_kit.core.settings.loading import load_config
 
 
 class _Planted:
@@ -74,7 +74,7 @@ def test_the_saved_rng_state_loads_without_any_allowed_class(tmp_path: Path) -> 
     import numpy as np
     import torch
 
-    from train import checkpoint
+    from slurm_ddp_kit.train import checkpoint
 
     path = tmp_path / "state.pt"
     torch.save({"rng": checkpoint.rng_state()}, path)
@@ -87,7 +87,7 @@ def test_the_saved_rng_state_loads_without_any_allowed_class(tmp_path: Path) -> 
 
 def test_crafted_shards_metadata_runs_nothing(tmp_path: Path) -> None:
     """FSDP's shards folder: its .metadata (a pickle) is read with the metadata's types alone."""
-    from core.strategies.fsdp import shards_reader
+    from slurm_ddp_kit.core.strategies.fsdp import shards_reader
 
     marker = tmp_path / "ran"
     (tmp_path / ".metadata").write_bytes(pickle.dumps(_Planted(marker)))
@@ -155,7 +155,7 @@ def test_a_process_named_by_run_json_is_not_signalled_nor_running(tmp_path: Path
     """Another process's PID and start time written into run.json: `status` does not call the
     run RUNNING and `cancel` does not signal it (it is not provably the kit's: its environment
     names no job of this run folder)."""
-    from launch.jobs import process_identity
+    from slurm_ddp_kit.launch.jobs import process_identity
 
     run_dir = _run_dir(tmp_path)
     stranger = subprocess.Popen(["sleep", "60"])
@@ -248,7 +248,7 @@ def _planted(path: Path, marker: Path) -> None:
 
 
 def test_a_planted_summary_cache_is_passed_over_and_rewritten(tmp_path: Path) -> None:
-    from analysis.cache import Kept
+    from slurm_ddp_kit.analysis.cache import Kept
 
     marker, path = tmp_path / "ran", tmp_path / "cache" / "kit" / "summarize" / "k.pickle"
     _planted(path, marker)
@@ -261,7 +261,7 @@ def test_a_planted_summary_cache_is_passed_over_and_rewritten(tmp_path: Path) ->
 
 
 def test_the_users_own_summary_cache_still_builds_no_object(tmp_path: Path) -> None:
-    from analysis.cache import Kept
+    from slurm_ddp_kit.analysis.cache import Kept
 
     marker, path = tmp_path / "ran", tmp_path / "summarize" / "k.pickle"
     path.parent.mkdir(mode=0o700)
@@ -271,7 +271,7 @@ def test_the_users_own_summary_cache_still_builds_no_object(tmp_path: Path) -> N
 
 
 def test_a_planted_trial_mark_is_not_taken_for_a_passed_trial(tmp_path: Path) -> None:
-    from launch import submit
+    from slurm_ddp_kit.launch import submit
 
     mark = tmp_path / "tried" / "key"
     mark.parent.mkdir()
@@ -288,7 +288,7 @@ def test_a_planted_compile_cache_is_not_loaded(
     """Compiled artifacts are code: loaded only from a file of this user's alone."""
     import torch
 
-    from train import compile_cache
+    from slurm_ddp_kit.train import compile_cache
 
     loaded: list[bytes] = []
     monkeypatch.setattr(torch.compiler, "load_cache_artifacts", loaded.append)
@@ -312,7 +312,7 @@ def test_a_task_result_is_read_as_plain_data_and_a_planted_one_runs_nothing(
     planted result builds no object; another's (here: group-writable) file is not read."""
     import submitit
 
-    from launch.submit import SubmitError, _result
+    from slurm_ddp_kit.launch.submit import SubmitError, _result
 
     logs, marker = tmp_path / "logs", tmp_path / "ran"
     logs.mkdir(mode=0o755)
@@ -348,7 +348,7 @@ def test_a_job_pickle_others_could_write_is_not_loaded(tmp_path: Path, where: st
         "SUBMITIT_LOCAL_NTASKS": "1", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
         "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_GLOBALID": "0", "SUBMITIT_LOCAL_LOCALID": "0",
     }  # fmt: skip
-    done = kit("train.start", "-u", "-m", "submitit.core._submit", str(logs), env=env)
+    done = kit("slurm_ddp_kit.train.start", "-u", "-m", "submitit.core._submit", str(logs), env=env)
     assert done.returncode == 1 and not marker.exists(), done.stdout + done.stderr
     assert done.stderr.splitlines()[-1] == (
         f"error: {submitted} is not a file of this user's alone (a link, another user's, or "

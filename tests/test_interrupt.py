@@ -22,9 +22,9 @@ from kit import REPO, alive, kit, run_folder, wait_for
 from paced import LASTING
 from slurm_cluster import SlurmCluster
 
-from core import processes, runfolder
-from core.settings.loading import load_config
-from launch.submit import continue_words
+from slurm_ddp_kit.core import processes, runfolder
+from slurm_ddp_kit.core.settings.loading import load_config
+from slurm_ddp_kit.launch.submit import continue_words
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

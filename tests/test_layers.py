@@ -1,7 +1,8 @@
-"""The code's shape, checked: imports go analysis → launch → core and train → core, the launcher
-and the analysis start without torch (and so does every module of core), only
-core/runfolder.py spells the run folder's file names, only core/slurm.py runs Slurm's commands,
-and no part of the kit but a strategy's own module names a strategy."""
+"""The code's shape, checked: the kit's code lives under one name of its own (`slurm_ddp_kit`)
+and imports nothing by the short names a user's project may use; imports go analysis → launch →
+core and train → core, the launcher and the analysis start without torch (and so does every
+module of core), only core/runfolder.py spells the run folder's file names, only core/slurm.py
+runs Slurm's commands, and no part of the kit but a strategy's own module names a strategy."""
 
 from __future__ import annotations
 
@@ -13,29 +14,45 @@ from pathlib import Path
 import pytest
 from kit import REPO
 
-from core import strategies
+from slurm_ddp_kit.core import strategies
 
+KIT = REPO / "slurm_ddp_kit"
 LAYERS = {"core": set(), "train": {"core"}, "launch": {"core"}, "analysis": {"core", "launch"}}
 RUN_FOLDER_NAMES = ("config.yaml", "run.json", "rank-", "metrics/", "checkpoints/", "_log.out")
 SLURM_COMMANDS = ("sacct", "squeue", "scontrol", "scancel", "sinfo")
 
 
 def _modules(package: str) -> list[Path]:
-    return sorted((REPO / package).rglob("*.py"))
+    return sorted((KIT / package).rglob("*.py"))
 
 
 def _all_modules() -> list[Path]:
     return [path for package in LAYERS for path in _modules(package)]
 
 
-def _imported_packages(path: Path) -> set[str]:
+def _imported(path: Path) -> set[str]:
+    """The absolute names of the modules `path` imports."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {alias.name.split(".")[0] for alias in node.names}
+            found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module.split(".")[0])
-    return found & set(LAYERS)
+            found.add(node.module)
+    return found
+
+
+def _imported_packages(path: Path) -> set[str]:
+    """The kit's packages (core, train, …) that `path` imports."""
+    inside = [name.split(".") for name in _imported(path) if name.startswith("slurm_ddp_kit.")]
+    return {parts[1] for parts in inside} & set(LAYERS)
+
+
+def test_the_kit_never_imports_a_name_a_users_project_may_use() -> None:
+    """A user's `train.py`, `core/` or `analysis.py` on the path is never taken for the kit's:
+    every import of the kit's own code goes through `slurm_ddp_kit`."""
+    for path in KIT.rglob("*.py"):
+        short = {name for name in _imported(path) if name.split(".")[0] in LAYERS}
+        assert not short, f"{path.relative_to(REPO)} imports {sorted(short)}"
 
 
 def _strings(path: Path) -> list[str]:
@@ -58,14 +75,21 @@ def test_launcher_analysis_and_core_start_without_torch() -> None:
         ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
         for path in _modules("core")
     ]
-    readers = ["launch.cli", "launch.jobs", "launch.submit", "analysis.__main__", "analysis.plot"]
+    readers = [f"slurm_ddp_kit.{name}" for name in (
+        "launch.cli", "launch.jobs", "launch.submit", "analysis.__main__", "analysis.plot"
+    )]  # fmt: skip
     _assert_not_imported("torch", core + readers)
 
 
 def test_the_launcher_starts_without_numpy() -> None:
     """Every `launch` command pays for what it imports (numpy was 40 ms of it on the build
     machine): a job's start-up begins with the launcher."""
-    _assert_not_imported("numpy", ["launch.cli", "launch.jobs", "launch.submit"])
+    launcher = [
+        "slurm_ddp_kit.launch.cli",
+        "slurm_ddp_kit.launch.jobs",
+        "slurm_ddp_kit.launch.submit",
+    ]
+    _assert_not_imported("numpy", launcher)
 
 
 def _assert_not_imported(module: str, importers: list[str]) -> None:
@@ -76,7 +100,7 @@ def _assert_not_imported(module: str, importers: list[str]) -> None:
 
 
 def test_only_the_run_folder_module_spells_its_file_names() -> None:
-    owner = REPO / "core" / "runfolder.py"
+    owner = KIT / "core" / "runfolder.py"
     for path in [p for p in _all_modules() if p != owner]:
         for name in RUN_FOLDER_NAMES:
             assert not any(name in s for s in _strings(path)), (
@@ -89,9 +113,9 @@ def test_only_the_run_folder_module_spells_its_file_names() -> None:
 
 
 def test_only_the_slurm_module_runs_slurm_commands() -> None:
-    owner = REPO / "core" / "slurm.py"
+    owner = KIT / "core" / "slurm.py"
     # A task of a user's program starts that program (and no Slurm command: the loop below).
-    program = REPO / "train" / "program.py"
+    program = KIT / "train" / "program.py"
     for path in [p for p in _all_modules() if p != owner]:
         source = path.read_text()
         runs = "subprocess" in source and path != program
@@ -103,15 +127,15 @@ def test_only_the_slurm_module_runs_slurm_commands() -> None:
 def test_only_a_strategy_names_itself() -> None:
     """Submission, the job, the settings and the table ask the strategy: none compares its
     name. (The table's article pair and baseline come from the strategies' own flags.)"""
-    owners = {REPO / "core" / "strategies" / f"{name}.py" for name in strategies.names()}
-    owners.add(REPO / "core" / "settings" / "schema.py")  # the default of `mode`
+    owners = {KIT / "core" / "strategies" / f"{name}.py" for name in strategies.names()}
+    owners.add(KIT / "core" / "settings" / "schema.py")  # the default of `mode`
     for path in [p for p in _all_modules() if p not in owners]:
         named = set(_strings(path)) & set(strategies.names())
         assert not named, f"{path.relative_to(REPO)} spells the strategy {sorted(named)}"
 
 
 def test_the_registry_holds_one_strategy_per_module() -> None:
-    modules = {p.stem for p in (REPO / "core" / "strategies").glob("*.py")} - {"__init__", "base"}
+    modules = {p.stem for p in (KIT / "core" / "strategies").glob("*.py")} - {"__init__", "base"}
     assert set(strategies.names()) == modules
     assert [s.order for s in strategies.STRATEGIES.values()] == sorted(
         s.order for s in strategies.STRATEGIES.values()

@@ -9,8 +9,8 @@ import pytest
 import torch
 from kit import SMALL, kit, load_split, records, run_folder
 
-from core import strategies
-from train.model import ConvNet
+from slurm_ddp_kit.core import strategies
+from slurm_ddp_kit.train.model import ConvNet
 
 
 def _submit(tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[Path, str]:

@@ -18,7 +18,7 @@ from conftest import namespaced_cluster
 from kit import SMALL, kit
 from slurm_cluster import SlurmCluster
 
-from train.distenv import DistEnv, detect
+from slurm_ddp_kit.train.distenv import DistEnv, detect
 
 # 16 in the suite; KIT_TEST_NODES=64 tries the same at another size (docs/benchmarks/many-nodes.md).
 NODES = int(os.environ.get("KIT_TEST_NODES", "16"))

@@ -21,10 +21,10 @@ import torch.distributed as dist
 from kit import spawned_ranks
 from torch import nn
 
-from core import strategies
-from core.errors import KitError
-from core.settings.loading import load_config
-from train import largest_batch
+from slurm_ddp_kit.core import strategies
+from slurm_ddp_kit.core.errors import KitError
+from slurm_ddp_kit.core.settings.loading import load_config
+from slurm_ddp_kit.train import largest_batch
 
 LIMIT = 700  # samples per rank past which rank 1's model fails
 SHAPE, CLASSES = (1, 4, 4), 3

@@ -20,7 +20,7 @@ from kit import REPO, kit, run_folder, wait_for
 from paced import LASTING
 from slurm_cluster import SlurmCluster, release_hold, wait_job_releasing_holds
 
-from core import runfolder
+from slurm_ddp_kit.core import runfolder
 
 pytestmark = pytest.mark.netns
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 from kit import REPO
 
-from core.placement import Place, cpu_list, problems
+from slurm_ddp_kit.core.placement import Place, cpu_list, problems
 
 
 def test_cpu_lists_are_written_as_slurm_and_the_kernel_write_them() -> None:
@@ -23,7 +23,7 @@ def _usable(local_tasks: int, bind_to: set[int] | None) -> int:
     """usable_cpus in a process of its own, bound to `bind_to` first as Slurm's task plugins
     bind a task (None: left on every CPU, as where nothing binds)."""
     bind = f"os.sched_setaffinity(0, {bind_to!r}); " if bind_to else ""
-    code = f"import os; {bind}from core.placement import usable_cpus; print(usable_cpus({local_tasks}))"
+    code = f"import os; {bind}from slurm_ddp_kit.core.placement import usable_cpus; print(usable_cpus({local_tasks}))"
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True
     )

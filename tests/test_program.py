@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from kit import REPO, kit, records, run_folder
+from kit import REPO, in_project, kit, project, records, run_folder
 from slurm_cluster import SlurmCluster
 
 EXAMPLE = str(REPO / "docs" / "examples" / "ddp_script.py")
@@ -196,12 +196,15 @@ def test_a_program_on_two_slurm_nodes_is_stopped_requeued_and_goes_on(
 ) -> None:
     """Two nodes through submitit on the test cluster, a one-minute limit: Slurm's warning stops
     the program, which saves and exits; the kit requeues the job and the program goes on from its
-    checkpoint to its last epoch."""
-    done = _submit(
-        tmp_path, "--mode", "ddp", "--nodes", "2", "cluster.backend=slurm",
+    checkpoint to its last epoch. Submitted with the console command from a user's project whose
+    script is `train.py` and which has a `core/` of its own, on PYTHONPATH: nothing of it is
+    taken for the kit's, in the launcher or in the tasks."""
+    here = project(tmp_path)
+    done = in_project(
+        here, "submit", "--mode", "ddp", "--nodes", "2", "cluster.backend=slurm",
         "cluster.gpus_per_node=1", "cluster.cpus_per_task=1", "cluster.timeout_min=1",
-        program=[sys.executable, EXAMPLE, "--epochs", "12", "--pause", "0.25"],
-        env={**slurm_cluster.env, "PYTHONPATH": str(REPO)},
+        f"output.root={tmp_path}/runs", "--wait", "--", sys.executable, "train.py", "--epochs",
+        "12", "--pause", "0.25", env=slurm_cluster.env,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     folder = run_folder(done.stdout)

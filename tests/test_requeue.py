@@ -24,7 +24,7 @@ from slurm_cluster import (
 )
 from test_resume import DDP, WORK, _attempts, _final_hashes, _wait_for, uninterrupted
 
-from core import runfolder
+from slurm_ddp_kit.core import runfolder
 
 __all__ = ["uninterrupted"]  # the shared reference run, as a fixture of this file too
 

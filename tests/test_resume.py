@@ -15,7 +15,7 @@ from conftest import SharedRuns
 from kit import kit, kit_started, run_folder
 from paced import PACED
 
-from core import runfolder
+from slurm_ddp_kit.core import runfolder
 
 # One thread per rank everywhere: the same arithmetic in every run, so the same parameters.
 # 72 steps; the runs that are stopped pace each step (tests/paced.py: about 4 s an epoch, 50 s

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from kit import REPO, kit, kit_here
 
-from core import runfolder
-from core.settings.loading import load_config
+from slurm_ddp_kit.core import runfolder
+from slurm_ddp_kit.core.settings.loading import load_config
 
 
 def test_a_run_is_never_replaced_by_a_new_one(
@@ -157,7 +157,7 @@ def test_status_without_slurm_reads_the_state_from_the_run_folder(
 ) -> None:
     """A cluster without accounting (and a job gone from the queue): `sacct` and `squeue` are not
     found here at all, so only what the job wrote can tell the states apart."""
-    from launch.jobs import status
+    from slurm_ddp_kit.launch.jobs import status
 
     monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
     cfg = load_config(overrides=[f"output.root={tmp_path}/runs"])
@@ -175,7 +175,7 @@ def test_status_without_slurm_names_every_node_of_the_last_attempt(
 ) -> None:
     """Two nodes of two ranks each, requeued onto other nodes: the run folder's nodes are each
     node's first rank's, in its last start record (Slurm's node name, not the shared hostname)."""
-    from launch.jobs import status
+    from slurm_ddp_kit.launch.jobs import status
 
     monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
     cfg = load_config(overrides=[f"output.root={tmp_path}/runs"])
@@ -341,7 +341,7 @@ def test_srun_names_the_rank_a_signal_ended(
 def test_a_damaged_saved_state_is_one_line_naming_the_file(tmp_path: Path, damage: str) -> None:
     import torch
 
-    from train import checkpoint
+    from slurm_ddp_kit.train import checkpoint
 
     cfg = load_config(overrides=[f"output.root={tmp_path}"])
     path = runfolder.state_path(tmp_path)
@@ -384,7 +384,7 @@ def test_a_save_on_a_full_disk_says_so_and_keeps_the_state_saved_before(tmp_path
     path.write_bytes(b"the state saved before")
     script = f"""
 import resource, torch
-from train import checkpoint
+from slurm_ddp_kit.train import checkpoint
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
 try:
     checkpoint._write(__import__("pathlib").Path({str(path)!r}), torch.zeros(1 << 20))
@@ -408,7 +408,7 @@ def test_a_save_removes_what_a_save_killed_outright_left_of_that_file(tmp_path: 
     partial file (never another file's, which may be written right now)."""
     import torch
 
-    from train import checkpoint
+    from slurm_ddp_kit.train import checkpoint
 
     path = tmp_path / "checkpoints" / "state.pt"
     path.parent.mkdir()
@@ -516,8 +516,8 @@ def test_a_run_resumes_under_a_newer_kit_but_not_with_its_settings_edited(tmp_pa
     """A saved state names its run's settings by the text of its config.yaml: the same text
     older kits hashed (the config written back as YAML), whatever settings a newer kit's schema
     adds; a hand edit of the file is refused."""
-    from core.settings.loading import to_yaml
-    from train import checkpoint
+    from slurm_ddp_kit.core.settings.loading import to_yaml
+    from slurm_ddp_kit.train import checkpoint
 
     cfg = load_config(overrides=[f"output.root={tmp_path}"])
     run_dir = runfolder.create(cfg, launcher="launch", backend="local", command=[])

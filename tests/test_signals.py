@@ -16,9 +16,9 @@ from pathlib import Path
 from kit import REPO, SMALL, free_port, kit
 from paced import LASTING
 
-from core import runfolder, slurm
-from core.settings.loading import load_config
-from launch.submit import task_python
+from slurm_ddp_kit.core import runfolder, slurm
+from slurm_ddp_kit.core.settings.loading import load_config
+from slurm_ddp_kit.launch.submit import task_python
 
 STOP = (signal.SIGUSR2, signal.SIGTERM)
 
@@ -28,7 +28,7 @@ PROBE = """
 import multiprocessing, subprocess, sys, time
 import torch
 from torch.utils.data import DataLoader
-from train import early
+from slurm_ddp_kit.train import early
 
 def square(x):
     return x * x

@@ -23,8 +23,8 @@ from paced import LASTING
 from slurm_cluster import SlurmCluster, wait_job
 from test_distenv import random_hostlists
 
-from core import runfolder
-from train.distenv import port_for_job
+from slurm_ddp_kit.core import runfolder
+from slurm_ddp_kit.train.distenv import port_for_job
 
 pytestmark = pytest.mark.slurm
 
@@ -651,7 +651,7 @@ HOSTLISTS = [
 def test_the_hostlist_reader_expands_as_slurm_does(slurm_cluster: SlurmCluster) -> None:
     """Slurm's whole grammar (several brackets per name, zero padding, commas and spaces),
     checked against `scontrol show hostnames`, on lists written by hand and made at random; the first host is the one MASTER_ADDR names."""
-    from core.slurm import first_host, hostnames
+    from slurm_ddp_kit.core.slurm import first_host, hostnames
 
     for nodelist in HOSTLISTS + random_hostlists(20, slurm_accepts=True):
         shown = slurm_cluster.run("scontrol", "show", "hostnames", nodelist)

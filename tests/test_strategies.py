@@ -11,8 +11,8 @@ import pytest
 import torch
 from kit import SMALL, kit, records, run_folder
 
-from core import runfolder, strategies
-from core.strategies.base import HOOK_LABELS
+from slurm_ddp_kit.core import runfolder, strategies
+from slurm_ddp_kit.core.strategies.base import HOOK_LABELS
 
 TWO_RANKS = ["cluster.gpus_per_node=2"]
 # From the registry: every strategy past the article's pair (DP and DDP: tests/test_local_jobs),
@@ -87,7 +87,7 @@ def test_fsdp_saves_each_ranks_shards(runs: tuple[Path, dict[str, Path]]) -> Non
 def test_fsdp_without_its_shards_folder_cannot_resume_and_says_so(
     runs: tuple[Path, dict[str, Path]], tmp_path: Path
 ) -> None:
-    from train import checkpoint
+    from slurm_ddp_kit.train import checkpoint
 
     run_dir = tmp_path / "copy"
     shutil.copytree(runs[1]["fsdp"], run_dir)
@@ -102,7 +102,7 @@ def test_fsdp_scores_an_uneven_test_split_once(tmp_path: Path) -> None:
     forward is a collective) and the padding counts nowhere: the accuracy is the saved model's."""
     from kit import load_split
 
-    from train.model import ConvNet
+    from slurm_ddp_kit.train.model import ConvNet
 
     run_dir = _submit(tmp_path, "--mode", "fsdp", *TWO_RANKS, *SMALL, "data.test_size=255",
                       "train.epochs=1")  # fmt: skip
@@ -119,8 +119,8 @@ def test_fsdp_scores_an_uneven_test_split_once(tmp_path: Path) -> None:
 def test_fsdp_scores_the_model_it_saves_with_batchnorm(tmp_path: Path) -> None:
     """ResNet-18's BatchNorm statistics are each rank's own under FSDP: the ranks must score,
     and the checkpoint hold, one model, so the reported accuracy is the saved model's."""
-    from core.settings.loading import load_config
-    from train import workloads
+    from slurm_ddp_kit.core.settings.loading import load_config
+    from slurm_ddp_kit.train import workloads
 
     settings = ["model.name=resnet18", "data.dataset=patterns", "data.image_size=8",
                 "data.train_size=256", "data.test_size=96", "train.global_batch_size=32",

@@ -14,7 +14,7 @@ from kit import TINY_GPT, kit, records
 from paced import PACED, PACED_GPT
 from test_strategies import TWO_RANKS, _submit
 
-from core import runfolder, strategies
+from slurm_ddp_kit.core import runfolder, strategies
 
 
 # From the registry: every strategy past the article's pair (those that shard their state).

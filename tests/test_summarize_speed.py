@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 from kit import REPO, kit
 
-from analysis import load
+from slurm_ddp_kit.analysis import load
 
 
 def _benchmark_script() -> ModuleType:
@@ -135,8 +135,8 @@ def test_runs_read_by_forked_processes_print_the_same_table(
 
 FORKED = """
 import sys
-from analysis import load
-from analysis.__main__ import main
+from slurm_ddp_kit.analysis import load
+from slurm_ddp_kit.analysis.__main__ import main
 
 load.PARALLEL_FROM, load.CHUNK, load._cpus = 1, 7, lambda: 2
 assert load._start_method() == "fork" or not sys.platform.startswith("linux")

@@ -12,10 +12,10 @@ import pytest
 import torch
 from kit import TINY_GPT, kit, records, run_folder
 
-from core.settings.schema import ModelConfig
-from core.strategies.fsdp import shard_units
-from train import data, loaders
-from train.model import GPT, build
+from slurm_ddp_kit.core.settings.schema import ModelConfig
+from slurm_ddp_kit.core.strategies.fsdp import shard_units
+from slurm_ddp_kit.train import data, loaders
+from slurm_ddp_kit.train.model import GPT, build
 
 STRATEGIES = ("dp", "ddp", "zero", "fsdp")
 

@@ -21,12 +21,12 @@ import torch.distributed as dist
 from kit import REPO, SMALL, alive, kit, records, run_folder, spawned_ranks, wait_for
 from paced import LASTING
 
-from core.settings.schema import ConfigError
-from core.slurm import parse_sacct
-from launch.cli import grid
-from train import largest_batch, stopping
-from train.largest_batch import CEILING, TOLERANCE, search
-from train.stopping import StopSignals
+from slurm_ddp_kit.core.settings.schema import ConfigError
+from slurm_ddp_kit.core.slurm import parse_sacct
+from slurm_ddp_kit.launch.cli import grid
+from slurm_ddp_kit.train import largest_batch, stopping
+from slurm_ddp_kit.train.largest_batch import CEILING, TOLERANCE, search
+from slurm_ddp_kit.train.stopping import StopSignals
 
 # --- largest_batch.search -----------------------------------------------------------------------
 
@@ -358,8 +358,8 @@ def test_gradient_buckets_are_views_backward_writes_into() -> None:
     import torch
     from torch.nn import functional as F
 
-    from train import steps
-    from train.model import ConvNet
+    from slurm_ddp_kit.train import steps
+    from slurm_ddp_kit.train.model import ConvNet
 
     torch.manual_seed(0)
     plain = ConvNet().to(memory_format=torch.channels_last)
@@ -392,7 +392,7 @@ def test_gradient_buckets_are_views_backward_writes_into() -> None:
     ],
 )
 def test_the_launcher_counts_visible_gpus_as_torch_does(visible: str | None, expected: int) -> None:
-    from launch.submit import visible_count
+    from slurm_ddp_kit.launch.submit import visible_count
 
     assert visible_count(4, visible) == expected
 
@@ -447,7 +447,7 @@ def test_ranks_agree_to_ask_about_a_stop_as_often_as_the_slowest_steps_need() ->
 def test_largest_batch_result_in_words(
     largest: int | None, trials: list[tuple[int, bool]], said: str
 ) -> None:
-    from launch.submit import result_words
+    from slurm_ddp_kit.launch.submit import result_words
 
     result = {
         "largest_global_batch": largest,
@@ -460,7 +460,7 @@ def test_largest_batch_result_in_words(
 def test_ctrl_c_in_any_command_is_one_line_and_exit_130(capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from core.cli import run_cli
+    from slurm_ddp_kit.core.cli import run_cli
 
     def interrupted(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
@@ -484,8 +484,8 @@ def test_ctrl_c_in_any_command_is_one_line_and_exit_130(capsys: pytest.CaptureFi
 def test_wait_says_what_a_long_start_does(settings: list[str], words: str) -> None:
     """Said in the starting line of `--wait` (of the model), so a long start is not taken for a
     hang."""
-    from core.settings.loading import load_config
-    from launch.submit import _warm_up_words
+    from slurm_ddp_kit.core.settings.loading import load_config
+    from slurm_ddp_kit.launch.submit import _warm_up_words
 
     said = _warm_up_words(load_config(overrides=settings))
     assert said.startswith(words) and bool(said) == bool(words)
@@ -494,7 +494,7 @@ def test_wait_says_what_a_long_start_does(settings: list[str], words: str) -> No
 def test_an_array_element_that_never_started_takes_its_arrays_record() -> None:
     """Accounting has no row for a pending element: the array's pending record (`J_[3-9%2]`,
     `J_[1,4-5]`) stands for it; an element outside it, or of another array, finds none."""
-    from core.slurm import JobState, _array_records, _unstarted
+    from slurm_ddp_kit.core.slurm import JobState, _array_records, _unstarted
 
     cancelled = JobState("CANCELLED", "00:00:00", "-")
     accounted = {"70_0": JobState("COMPLETED", "00:01:00", "n1"), "70_[3-9%2]": cancelled,
@@ -511,9 +511,9 @@ def test_a_start_without_bytecode_is_said_with_its_fix(tmp_path: Path) -> None:
     empty PYTHONPYCACHEPREFIX: what a read-only install without caches gives) records it, and
     `--wait`'s start line says what it costs and how to fix it; a rank of the kit's own venv
     imports torch from its bytecode cache and says nothing of it."""
-    from launch.submit import _started_words
+    from slurm_ddp_kit.launch.submit import _started_words
 
-    probe = "from train.process import bytecode_cached; print(bytecode_cached())"
+    probe = "from slurm_ddp_kit.train.process import bytecode_cached; print(bytecode_cached())"
     bare = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": str(tmp_path)}
     for env, expected in ((bare, "False"), (os.environ, "True")):
         done = subprocess.run([sys.executable, "-c", probe], env=env, cwd=REPO,
@@ -531,7 +531,7 @@ def test_a_rank_imports_torch_dynamo_aside() -> None:
     """A per-GPU rank imports torch._dynamo (which DDP's constructor needs) on a thread while it
     waits on the driver and its peers: after the join it is imported."""
     probe = (
-        "import sys, torch; from train import job\n"
+        "import sys, torch; from slurm_ddp_kit.train import job\n"
         "had = 'torch._dynamo' in sys.modules\n"
         "job._import_dynamo_aside().join()\n"
         "print(had, 'torch._dynamo' in sys.modules)"
@@ -552,7 +552,7 @@ def test_warm_up_leaves_model_optimizer_and_generators_as_it_found_them() -> Non
 
     from torch import nn
 
-    from train import steps
+    from slurm_ddp_kit.train import steps
 
     torch.manual_seed(0)
     model = nn.Sequential(

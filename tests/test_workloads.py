@@ -15,9 +15,9 @@ import torch
 from kit import REPO, alive, kit, records, run_folder, wait_for
 from torch import nn
 
-from core import factories
-from core.settings.loading import load_config
-from train import workloads
+from slurm_ddp_kit.core import factories
+from slurm_ddp_kit.core.settings.loading import load_config
+from slurm_ddp_kit.train import workloads
 
 TESTS = Path(__file__).resolve().parent
 # The job finds the factories as any user's: on the Python path it inherits from the launcher.
@@ -110,7 +110,7 @@ def test_user_factories_train_with_dp_and_ddp(tmp_path: Path) -> None:
 
 
 def test_resnet18_on_patterns_with_dp_and_ddp(tmp_path: Path) -> None:
-    from train.model import resnet18
+    from slurm_ddp_kit.train.model import resnet18
 
     shape = ["data.dataset=patterns", "data.image_size=16", "data.train_size=256"]
     settings = [*shape, "data.test_size=64", "model.name=resnet18", "train.epochs=1"]

@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from train.data import load_raw, normalise
-from train.model import build
+from slurm_ddp_kit.train.data import load_raw, normalise
+from slurm_ddp_kit.train.model import build
 
 
 def main() -> None:

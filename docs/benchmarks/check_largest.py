@@ -22,8 +22,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from core.strategies.fsdp import shard_units
-from train.model import GPT, ConvNet, resnet18
+from slurm_ddp_kit.core.strategies.fsdp import shard_units
+from slurm_ddp_kit.train.model import GPT, ConvNet, resnet18
 
 WORKLOADS = {  # sample shape, classes, model
     "convnet": ((1, 28, 28), 10, lambda: ConvNet()),

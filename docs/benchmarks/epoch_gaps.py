@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from core import runfolder
+from slurm_ddp_kit.core import runfolder
 
 
 def gaps(run_dir: Path) -> str:

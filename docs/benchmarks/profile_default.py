@@ -22,9 +22,9 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from core.settings.rules import per_rank_batch
-from core.settings.schema import Config
-from train import loaders, steps, workloads
+from slurm_ddp_kit.core.settings.rules import per_rank_batch
+from slurm_ddp_kit.core.settings.schema import Config
+from slurm_ddp_kit.train import loaders, steps, workloads
 
 
 def timed(label: str, steps_: int, work: Callable[[], None]) -> None:

@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from train.model import build
+from slurm_ddp_kit.train.model import build
 
 BATCH, STEPS = 512, 20
 PHASES = ("scatter", "replicate", "parallel_apply", "gather")

@@ -12,8 +12,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from train import data, steps
-from train.model import build
+from slurm_ddp_kit.train import data, steps
+from slurm_ddp_kit.train.model import build
 
 BATCH, REPLAYS = 256, 300
 

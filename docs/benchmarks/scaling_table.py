@@ -12,7 +12,7 @@ import math
 import sys
 from pathlib import Path
 
-from analysis.load import RunDirError, load_runs, resolve_run_dirs
+from slurm_ddp_kit.analysis.load import RunDirError, load_runs, resolve_run_dirs
 
 PATH = ["mode", "precision", "speed_options", "global_batch", "train_samples", "nodes"]
 

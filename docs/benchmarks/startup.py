@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from core import datafiles
+from slurm_ddp_kit.core import datafiles
 
 
 def kit(out: Path, gpus: int) -> dict[str, float]:

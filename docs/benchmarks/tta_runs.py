@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from analysis.load import load_runs, resolve_run_dirs
-from core import runfolder
+from slurm_ddp_kit.analysis.load import load_runs, resolve_run_dirs
+from slurm_ddp_kit.core import runfolder
 
 COLUMNS = {  # the row's column: its heading
     "startup_s": "start-up (s)",

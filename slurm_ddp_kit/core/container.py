@@ -1,0 +1,142 @@
+"""Each task of a job inside a container (`cluster.container`): what the batch script runs.
+
+Apptainer (or Singularity) wraps the task's command: `apptainer exec [--nv] --bind … IMAGE
+PYTHON …`. Pyxis is srun's own: `srun --container-image=IMAGE --container-mounts=… PYTHON …`.
+Either way the code the task needs (`code_folders`: the kit's checkout, the folders the user's
+factories are found in, the launching PYTHONPATH's folders), output.root and data.root are
+mounted at the same paths, and the task's PYTHONPATH names those code folders, so the image's
+Python imports the kit and the user's code from them (the image brings torch, submitit,
+omegaconf and pandas). Both launch paths use these words: submitit's batch script, and the
+sbatch scripts through `launch prepare --shell`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import sysconfig
+from pathlib import Path
+
+from slurm_ddp_kit.core.settings.schema import Config, ConfigError, ContainerRuntime
+
+REPO = Path(__file__).resolve().parents[2]  # the checkout the job's Python imports the kit from
+
+
+def used(cfg: Config) -> bool:
+    return bool(cfg.cluster.container.image)
+
+
+def mounts(cfg: Config) -> list[str]:
+    """Host paths the task sees at the same place (and the user's own, as given), once each."""
+    own = [*code_folders(cfg), _absolute(cfg.output.root), _absolute(cfg.data.root)]
+    return list(dict.fromkeys([*own, *cfg.cluster.container.mounts]))
+
+
+def code_folders(cfg: Config) -> list[str]:
+    """The folders the task's Python imports from, in order, once each: the kit's checkout
+    first (a user's own `train.py` must not stand in for the kit's package), the folders on
+    the launching PYTHONPATH, then those the user's factories were found in here (the working
+    folder, say, which is no one's PYTHONPATH). A factory installed in this machine's
+    site-packages is left to the image (`installed_factories`)."""
+    launching = [_absolute(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    found = [root for spec in _factories(cfg) for root in _roots(spec)]
+    folders = [str(REPO), *launching, *(r for r in found if not _installed(r))]
+    return list(dict.fromkeys(folders))
+
+
+def installed_factories(cfg: Config) -> list[str]:
+    """The user's factory modules that this machine has installed in its site-packages, which
+    the image's Python does not see unless the image has them too."""
+    return [spec for spec in _factories(cfg) if any(_installed(r) for r in _roots(spec))]
+
+
+def check_code_folders(cfg: Config) -> None:
+    """Each folder must be writable in a bind list: Apptainer and pyxis split it on `,` and `:`."""
+    for folder in code_folders(cfg):
+        if "," in folder or ":" in folder:
+            raise ConfigError(
+                f"the job needs {folder} inside the container, but a folder whose path holds "
+                "',' or ':' cannot be mounted (the runtimes split mount lists on them): move or "
+                "link the code to a path without them"
+            )
+
+
+def _factories(cfg: Config) -> list[str]:
+    """The user's factories' module names (a built-in name has no ':')."""
+    specs = (cfg.model.name, cfg.data.dataset)
+    return [spec.partition(":")[0] for spec in specs if ":" in spec]
+
+
+def _roots(module: str) -> list[str]:
+    """The folders the module's top-level package is found in from here (found, not imported:
+    the launcher has checked the factory itself, `launch.submit`)."""
+    with_errors = (ImportError, ValueError)  # no such package, or an odd name: nothing to mount
+    try:
+        spec = importlib.util.find_spec(module.partition(".")[0])
+    except with_errors:
+        return []
+    if spec is None:
+        return []
+    if spec.submodule_search_locations:  # a package (a namespace package has several)
+        return [str(Path(p).parent) for p in spec.submodule_search_locations]
+    return [str(Path(spec.origin).parent)] if spec.origin else []
+
+
+def _installed(folder: str) -> bool:
+    paths = sysconfig.get_paths()
+    return folder in (paths["purelib"], paths["platlib"])
+
+
+def _absolute(path: str) -> str:
+    return str(Path(path).expanduser().absolute())
+
+
+def wrapper(cfg: Config) -> list[str]:
+    """The words before the task's Python: Apptainer's `exec`; none for pyxis or no container."""
+    c = cfg.cluster.container
+    if not c.image or c.runtime != ContainerRuntime.apptainer:
+        return []
+    nv = ["--nv"] if cfg.cluster.gpus_per_node else []  # the host's NVIDIA driver and devices
+    image = c.image if "://" in c.image else _absolute(c.image)  # the task's folder may differ
+    return [
+        "apptainer", "exec", *nv, f"--env=PYTHONPATH={_pythonpath(cfg)}",
+        f"--bind={','.join(mounts(cfg))}",
+        *c.options, image,
+    ]  # fmt: skip
+
+
+def srun_options(cfg: Config) -> list[str]:
+    """srun's options for pyxis; none otherwise."""
+    c = cfg.cluster.container
+    if not c.image or c.runtime != ContainerRuntime.pyxis:
+        return []
+    binds = ",".join(m if ":" in m else f"{m}:{m}" for m in mounts(cfg))
+    return [
+        f"--container-image={c.image}", f"--container-mounts={binds}",
+        "--container-env=PYTHONPATH", *c.options,
+    ]  # fmt: skip
+
+
+def python(cfg: Config, host_python: str) -> str:
+    """The task's interpreter: the image's, or the host's where there is no container."""
+    return cfg.cluster.container.python if used(cfg) else host_python
+
+
+def setup_lines(cfg: Config) -> list[str]:
+    """Shell lines before the tasks start: pyxis hands srun's PYTHONPATH to the container."""
+    return [f"export PYTHONPATH={shlex.quote(_pythonpath(cfg))}"] if used(cfg) else []
+
+
+def _pythonpath(cfg: Config) -> str:
+    return os.pathsep.join(code_folders(cfg))
+
+
+def shell_assignments(cfg: Config) -> str:
+    """What `launch prepare --shell` adds for the sbatch scripts: bash arrays of srun's options and
+    of the task's command before `-m train run`; empty without a container, where the script
+    runs its own $KIT_PYTHON."""
+    srun = shlex.join(srun_options(cfg))
+    task = shlex.join([*wrapper(cfg), cfg.cluster.container.python]) if used(cfg) else ""
+    lines = [*setup_lines(cfg), f"container_srun=({srun})", f"task_python=({task})"]
+    return "".join(line + "\n" for line in lines)
