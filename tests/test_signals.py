@@ -184,5 +184,5 @@ def test_both_sbatch_scripts_start_each_task_through_the_shell_that_ignores_them
     for script in ("ddp.sbatch", "dp.sbatch"):
         text = (REPO / "slurm" / script).read_text()
         srun = " ".join(text[text.index("\nsrun ") :].replace("\\\n", " ").split())
-        task = '"${task_python[@]}" -m train run "$run_dir"'  # $KIT_PYTHON, or in the container
+        task = '"${task_python[@]}" -m slurm_ddp_kit.train run "$run_dir"'  # $KIT_PYTHON, or in the container
         assert f"{shlex.join(slurm.TASK_START)} {task}" in srun, script
