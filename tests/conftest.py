@@ -97,7 +97,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
 def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, _tried_workloads: Path) -> None:
     """Each test's `summarize` keeps its cache (analysis.cache) beside the test's own folder,
     never in the user's home and never shared with another test. The launcher's remembered
-    trials (launch.submit._passed_mark) are the session's, as they are a user's: without them
+    trials (launch.checks._passed_mark) are the session's, as they are a user's: without them
     every test that submits a paced run paid a Python with torch to try the same factory."""
     cache = tmp_path.parent / f"{tmp_path.name}-cache"
     cache.mkdir(exist_ok=True)
@@ -237,7 +237,7 @@ LONGEST_FIRST = (
     "test_strategies_resume",  # 117
     "test_workloads",  # 104
     "test_resume",  # 99
-    "test_units",  # 77
+    "test_sweep",  # (test_units: 77, its local sweeps the most of it)
     "test_local_jobs",  # 55
     "test_bad_input",  # 52
     "test_interrupt",  # 46

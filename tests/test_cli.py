@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -11,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kit import REPO, SMALL, kit, kit_here
+from kit import MAINS, REPO, SMALL, kit, kit_here
 
 from slurm_ddp_kit.core import runfolder
 from slurm_ddp_kit.core.cli import HeldSignals, Interrupted
@@ -261,7 +265,7 @@ def test_an_interrupted_slurm_sweep_names_its_own_runs_not_the_whole_root() -> N
     """The root may hold other runs: the hint follows and cancels the sweep's alone."""
     from types import SimpleNamespace
 
-    from slurm_ddp_kit.launch.cli import SWEEP_RUNS_NAMED, _queued_words
+    from slurm_ddp_kit.launch.sweep import SWEEP_RUNS_NAMED, _queued_words
 
     root = Path("/o/runs")
     few = [(root / f"r{i}", SimpleNamespace(job_id=f"71_{i}")) for i in range(2)]
@@ -271,3 +275,28 @@ def test_an_interrupted_slurm_sweep_names_its_own_runs_not_the_whole_root() -> N
     assert len(many) > SWEEP_RUNS_NAMED
     words = _queued_words([run for run, _ in many], many)
     assert "in job array(s) 70 71:" in words and "`scancel 70 71` cancels them alone" in words
+
+
+def _subcommands(module: str) -> dict[str, argparse.ArgumentParser]:
+    parser = importlib.import_module(MAINS[module])._parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(commands.choices)
+
+
+HELPED = [(m, c) for m in ("launch", "analysis", "train") for c in _subcommands(m)]
+
+
+@pytest.mark.parametrize(("module", "command"), HELPED, ids=[f"{m}-{c}" for m, c in HELPED])
+def test_every_commands_help_ends_with_examples_its_parser_takes(module: str, command: str) -> None:
+    """`--help` of each command shows how it is used; each example (less its note in
+    parentheses, and a program after `--`) is taken by the command's own parser."""
+    done = kit_here(module, command, "--help")
+    assert done.returncode == 0 and "examples:\n" in done.stdout, done.stdout
+    examples = done.stdout.split("examples:\n")[1].split("\n\n")[0].splitlines()
+    prefix = f"python -m {module} {command}"
+    assert examples and all(line.strip().startswith(prefix) for line in examples), examples
+    for line in examples:
+        words = shlex.split(re.sub(r"\s{2,}\(.*\)$", "", line.strip()))[3:]
+        words = words[: words.index("--")] if "--" in words else words
+        args = importlib.import_module(MAINS[module])._parser().parse_args(words)
+        assert args.func is _subcommands(module)[command].get_default("func"), line

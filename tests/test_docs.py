@@ -194,11 +194,11 @@ def _resolve(parsed: argparse.Namespace, where: str, extra: tuple[str, ...] = ()
             words.append(f"--{flag}={getattr(parsed, flag)}")
     points: list[tuple[str, ...]] = [()]
     if getattr(parsed, "grid", None) is not None:  # a sweep: each point, each mode
-        from slurm_ddp_kit.launch import cli
+        from slurm_ddp_kit.launch import sweep
 
-        cli._check_grid_against_overrides(parsed.grid, parsed.overrides)
+        sweep._check_grid_against_overrides(parsed.grid, parsed.overrides)
         modes = parsed.modes.split(",")
-        points = [(f"mode={m}", *p) for m in modes for p in cli.grid(parsed.grid, len(modes))]
+        points = [(f"mode={m}", *p) for m in modes for p in sweep.grid(parsed.grid, len(modes))]
     for point in points:
         done = kit_here("launch", "config", *words, *parsed.overrides, *extra, *point)
         assert done.returncode == 0, f"{where}: its settings are refused: {done.stderr.strip()}"

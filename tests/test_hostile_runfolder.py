@@ -155,7 +155,7 @@ def test_a_process_named_by_run_json_is_not_signalled_nor_running(tmp_path: Path
     """Another process's PID and start time written into run.json: `status` does not call the
     run RUNNING and `cancel` does not signal it (it is not provably the kit's: its environment
     names no job of this run folder)."""
-    from slurm_ddp_kit.launch.jobs import process_identity
+    from slurm_ddp_kit.core.processes import identity as process_identity
 
     run_dir = _run_dir(tmp_path)
     stranger = subprocess.Popen(["sleep", "60"])
@@ -271,15 +271,15 @@ def test_the_users_own_summary_cache_still_builds_no_object(tmp_path: Path) -> N
 
 
 def test_a_planted_trial_mark_is_not_taken_for_a_passed_trial(tmp_path: Path) -> None:
-    from slurm_ddp_kit.launch import submit
+    from slurm_ddp_kit.launch import checks
 
     mark = tmp_path / "tried" / "key"
     mark.parent.mkdir()
     mark.write_text(json.dumps({"train_samples": 5}))
     mark.chmod(0o666)  # anyone could have written it
-    assert submit._remembered(mark) is None
-    submit._remember(mark, 7)
-    assert submit._remembered(mark) == ("", 7)
+    assert checks._remembered(mark) is None
+    checks._remember(mark, 7)
+    assert checks._remembered(mark) == ("", 7)
 
 
 def test_a_planted_compile_cache_is_not_loaded(
@@ -312,7 +312,8 @@ def test_a_task_result_is_read_as_plain_data_and_a_planted_one_runs_nothing(
     planted result builds no object; another's (here: group-writable) file is not read."""
     import submitit
 
-    from slurm_ddp_kit.launch.submit import SubmitError, _result
+    from slurm_ddp_kit.launch.executor import SubmitError
+    from slurm_ddp_kit.launch.follow import _result
 
     logs, marker = tmp_path / "logs", tmp_path / "ran"
     logs.mkdir(mode=0o755)

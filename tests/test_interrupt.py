@@ -24,7 +24,7 @@ from slurm_cluster import SlurmCluster
 
 from slurm_ddp_kit.core import processes, runfolder
 from slurm_ddp_kit.core.settings.loading import load_config
-from slurm_ddp_kit.launch.submit import continue_words
+from slurm_ddp_kit.launch.follow import continue_words
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

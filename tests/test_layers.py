@@ -1,7 +1,7 @@
 """The code's shape, checked: the kit's code lives under one name of its own (`slurm_ddp_kit`)
 and imports nothing by the short names a user's project may use; imports go analysis → launch →
 core and train → core, the launcher and the analysis start without torch (and so does every
-module of core), only core/runfolder.py spells the run folder's file names, only core/slurm.py
+module of core), only core/runfolder/ spells the run folder's file names, only core/slurm.py
 runs Slurm's commands, and no part of the kit but a strategy's own module names a strategy."""
 
 from __future__ import annotations
@@ -99,9 +99,9 @@ def _assert_not_imported(module: str, importers: list[str]) -> None:
     assert done.returncode == 0, done.stderr or f"{module} was imported"
 
 
-def test_only_the_run_folder_module_spells_its_file_names() -> None:
-    owner = KIT / "core" / "runfolder.py"
-    for path in [p for p in _all_modules() if p != owner]:
+def test_only_the_run_folder_package_spells_its_file_names() -> None:
+    owners = set((KIT / "core" / "runfolder").glob("*.py"))
+    for path in [p for p in _all_modules() if p not in owners]:
         for name in RUN_FOLDER_NAMES:
             assert not any(name in s for s in _strings(path)), (
                 f"{path.relative_to(REPO)} spells {name!r}"

@@ -2,15 +2,107 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from kit import SMALL, kit, load_split, records, run_folder
+from kit import REPO, SMALL, alive, kit, load_split, records, run_folder, wait_for
+from paced import LASTING
 
 from slurm_ddp_kit.core import strategies
 from slurm_ddp_kit.train.model import ConvNet
+
+LOCAL = ["cluster.backend=local", "cluster.gpus_per_node=2"]
+
+
+def _state(run_dir: Path) -> str:
+    done = kit("launch", "status", str(run_dir))
+    assert done.returncode == 0, done.stderr
+    header, row = (line.split() for line in done.stdout.splitlines()[:2])
+    return row[header.index("STATE")]
+
+
+def _children(pid: int) -> list[int]:
+    with contextlib.suppress(OSError):
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return []
+
+
+def _stop(pids: list[int]) -> None:
+    """Leave no process of the test's job behind, whatever the test found."""
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        for pid in pids:
+            if alive(pid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+        if wait_for(lambda: not any(alive(p) for p in pids), 10):
+            return
+
+
+def _submit_without_pipes(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`launch submit` without --wait, its output in a file: submitit's local controller inherits
+    the submitting process's stdout and stderr, so through kit()'s pipes the call would last as
+    long as the job."""
+    log = tmp / "submit.log"
+    with log.open("w") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "launch", "submit", *args],
+            cwd=REPO,
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(REPO), os.environ.get("PYTHONPATH")])
+                ),
+            },
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=120,
+            # As a script's `launch submit … &` starts: with SIGINT ignored.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
+    return subprocess.CompletedProcess(done.args, done.returncode, log.read_text(), "")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_local_cancel_ends_a_running_job(tmp_path: Path) -> None:
+    done = _submit_without_pipes(
+        tmp_path,
+        "--mode",
+        "ddp",
+        *LOCAL,
+        *LASTING,
+        "train.epochs=50",
+        f"output.root={tmp_path}/runs",
+        f"data.root={tmp_path}/data",
+    )
+    assert done.returncode == 0, done.stdout
+    run_dir = run_folder(done.stdout)
+    pid = int(json.loads((run_dir / "run.json").read_text())["job_id"])
+    tasks: list[int] = []
+    try:
+        assert _state(run_dir) == "RUNNING"
+        started = [run_dir / "metrics" / f"rank-{rank:05d}.jsonl" for rank in (0, 1)]
+        assert wait_for(lambda: all(p.is_file() for p in started), 60), "the tasks never started"
+        tasks = _children(pid)
+        assert len(tasks) == 2  # one per rank
+
+        cancelled = kit("launch", "cancel", str(run_dir))
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert cancelled.stdout.strip() == f"{run_dir.name}: cancelled local job {pid}"
+
+        assert wait_for(lambda: _state(run_dir) == "CANCELLED", 60)  # seconds when quiet
+        # The controller ends its tasks (SIGINT, then SIGKILL) before it ends itself; on a busy
+        # machine the last of them may take a moment more to go.
+        assert wait_for(lambda: not alive(pid) and not any(alive(t) for t in tasks), 15)
+        assert "summary" not in [r["kind"] for r in records(run_dir)]
+    finally:
+        _stop([pid, *tasks])
 
 
 def _submit(tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[Path, str]:

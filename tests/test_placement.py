@@ -12,6 +12,25 @@ from kit import REPO
 from slurm_ddp_kit.core.placement import Place, cpu_list, problems
 
 
+@pytest.mark.parametrize(
+    ("visible", "expected"),
+    [
+        (None, 4),
+        ("", 0),
+        ("0,1", 2),
+        ("3", 1),
+        ("1,7,2", 1),  # CUDA stops at the first index that names no device
+        ("-1", 0),
+        ("GPU-8f3c,GPU-11aa", 2),
+        ("0,00", 0),  # a device named twice: torch sees none
+    ],
+)
+def test_the_launcher_counts_visible_gpus_as_torch_does(visible: str | None, expected: int) -> None:
+    from slurm_ddp_kit.launch.executor import visible_count
+
+    assert visible_count(4, visible) == expected
+
+
 def test_cpu_lists_are_written_as_slurm_and_the_kernel_write_them() -> None:
     assert cpu_list({0, 1, 2, 3, 8}) == "0-3,8"
     assert cpu_list([5]) == "5"

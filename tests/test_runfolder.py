@@ -16,6 +16,7 @@ import pytest
 from kit import REPO, kit, kit_here
 
 from slurm_ddp_kit.core import runfolder
+from slurm_ddp_kit.core.runfolder import failures
 from slurm_ddp_kit.core.settings.loading import load_config
 
 
@@ -254,7 +255,7 @@ def test_the_rank_that_failed_first_is_named(
         runfolder.RecordWriter(run_dir, rank).write("start", host=f"node{rank}", epochs=5)
     for rank, error in errors.items():  # in order of time
         runfolder.RecordWriter(run_dir, rank).write("error", host=f"node{rank}", error=error)
-    first = runfolder.first_failure(run_dir)
+    first = failures.first_failure(run_dir)
     assert first is not None and first["rank"] == named and words in first["error"]
 
 
@@ -273,7 +274,7 @@ def test_a_rank_that_stood_still_is_named_though_it_timed_out_like_its_peers(
             error="RuntimeError: Timed out waiting 10000ms",
             stood_still_s=still,
         )
-    first = runfolder.first_failure(run_dir)
+    first = failures.first_failure(run_dir)
     assert first is not None and first["rank"] == 1 and "stood still for 31 s" in first["error"]
 
 
@@ -333,7 +334,7 @@ def test_srun_names_the_rank_a_signal_ended(
         runfolder.RecordWriter(run_dir, rank).write("start", host=f"node{rank}", epochs=5)
     for rank, error in errors.items():
         runfolder.RecordWriter(run_dir, rank).write("error", host=f"node{rank}", error=error)
-    first = runfolder.first_failure(run_dir)
+    first = failures.first_failure(run_dir)
     assert first is not None and first["rank"] == named and words in first["error"], first
 
 

@@ -18,7 +18,7 @@ from paced import LASTING
 
 from slurm_ddp_kit.core import runfolder, slurm
 from slurm_ddp_kit.core.settings.loading import load_config
-from slurm_ddp_kit.launch.submit import task_python
+from slurm_ddp_kit.launch.executor import task_python
 
 STOP = (signal.SIGUSR2, signal.SIGTERM)
 

@@ -49,6 +49,24 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="print errors and results only")
 
 
+def add_command(
+    commands: Any, name: str, func: object, text: str, examples: Sequence[str] = ()
+) -> argparse.ArgumentParser:
+    """One subcommand of `commands` (argparse's subparsers): its help, the common flags, and its
+    examples at the end of its --help, each written after `{prog}` (the subcommand's own words:
+    `python -m launch submit`, or `slurm-ddp-kit submit`)."""
+    sub = commands.add_parser(
+        name, help=text, description=text, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    if examples:
+        sub.epilog = "examples:\n" + "".join(
+            f"  {sub.prog} {line}".rstrip() + "\n" for line in examples
+        )
+    add_common_flags(sub)
+    sub.set_defaults(func=func)
+    return sub
+
+
 def version() -> str:
     try:
         return metadata.version(DISTRIBUTION)

@@ -1,5 +1,6 @@
-"""The processes of local jobs: their tasks are found by the environment submitit's controller
-gives them, so they can be seen, waited for and ended even after the controller is gone.
+"""Processes, read from /proc: the one reader of a process's state, whether it runs, the one
+signaller; and the processes of local jobs, whose tasks are found by the environment submitit's
+controller gives them, so they can be seen, waited for and ended after the controller is gone.
 
 A process counts as a job's only where that proves it: it is this user's, and its environment
 (which only its owner can read) holds the command submitit gave it, naming the job's folder. A
@@ -13,6 +14,50 @@ import contextlib
 import os
 import shlex
 from pathlib import Path
+
+
+def stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields from the third on (state [0], ppid [1], start time [19]), read
+    past the command name, which may hold spaces and ')'; None without /proc or once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs: it exists (this user's or another's) and has not ended (a
+    zombie has); without /proc, its existence alone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        pass
+    except (OverflowError, ValueError):  # no PID at all
+        return False
+    fields = stat(pid)
+    return fields is None or fields[0] not in ("Z", "X")
+
+
+def signal_all(pids: list[int], signum: int) -> None:
+    """Send `signum` to each process (one that ended meanwhile, its PID perhaps another user's
+    now, is passed over)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
+def identity(pid: int) -> str | None:
+    """What tells a process from a later one given the same PID: the boot and the process's start
+    time; None where /proc cannot tell (not Linux, or gone)."""
+    fields = stat(pid)
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+    return f"{boot}:{fields[19]}" if fields else None
+
 
 JOB_ID = b"SUBMITIT_LOCAL_JOB_ID"
 RANK = b"SUBMITIT_LOCAL_GLOBALID"

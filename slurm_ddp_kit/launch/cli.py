@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
-import json
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -21,15 +18,15 @@ from slurm_ddp_kit.core.cli import (
     ArgumentParser,
     HeldSignals,
     Interrupted,
+    add_command,
     add_common_flags,
     exit_status,
     interrupt_on,
-    interrupt_word,
     printable,
     run_cli,
 )
 from slurm_ddp_kit.core.errors import KitError
-from slurm_ddp_kit.core.settings.loading import load_config, read_override, to_yaml
+from slurm_ddp_kit.core.settings.loading import load_config, to_yaml
 from slurm_ddp_kit.core.settings.schema import Config, ConfigError, Requeue
 from slurm_ddp_kit.core.strategies import STRATEGIES
 from slurm_ddp_kit.launch import files
@@ -51,6 +48,29 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m launch") -> i
     interrupt_on(*ENDING)  # a SIGTERM or a closed terminal ends a command as Ctrl-C does
     return run_cli(args.func, args)
 
+
+# What each command's --help ends with, after the command's own words.
+EXAMPLES = {
+    "config": [
+        "--mode ddp train.epochs=3",
+        "--config docs/examples/two-nodes.yaml --config docs/examples/quick.yaml",
+    ],
+    "submit": [
+        "--mode ddp --nodes 1 --wait",
+        "--mode ddp --nodes 2 cluster.partition=gpu cluster.account=myproj --dry-run",
+        "--mode ddp cluster.backend=local --wait -- python my_train.py --epochs 3",
+    ],
+    "sweep": [
+        "--modes dp,ddp --grid train.global_batch_size=256,512",
+        "--modes ddp --grid train.lr=0.01,0.02 --parallel 2 cluster.backend=local",
+    ],
+    "prepare": ["--mode ddp --shell       (what slurm/ddp.sbatch runs)"],
+    "status": ["", "runs/20261207-111710-ddp-1n4g-f6b3", "--root /scratch/me/runs"],
+    "resume": ["runs/20261207-111710-ddp-1n4g-f6b3 --wait"],
+    "cancel": ["runs/20261207-111710-ddp-1n4g-f6b3", "runs/sweep-0412   (every run of a sweep)"],
+    "logs": ["runs/20261207-111710-ddp-1n4g-f6b3", "runs/20261207-111710-ddp-1n4g-f6b3 --rank 1"],
+    "init": [".", "../my-project"],
+}
 
 # The console command also runs the analysis (slurm_ddp_kit/cli.py).
 _ALSO = {"slurm-ddp-kit": "also: slurm-ddp-kit summarize [RUN_DIR …]: the comparison table of "
@@ -79,9 +99,7 @@ def _parser(prog: str = "python -m launch") -> argparse.ArgumentParser:
     def command(
         name: str, func: object, text: str, config: bool = False
     ) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=text, description=text)
-        add_common_flags(sub)
-        sub.set_defaults(func=func)
+        sub = add_command(commands, name, func, text, EXAMPLES[name])
         if config:
             _add_config_arguments(sub)
         return sub
@@ -220,7 +238,8 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from slurm_ddp_kit.launch.submit import dry_run, submit
+    from slurm_ddp_kit.launch.dryrun import dry_run
+    from slurm_ddp_kit.launch.submit import launch_command, submit
 
     cfg = _resolve(args)
     if args.dry_run:
@@ -228,7 +247,7 @@ def _submit(args: argparse.Namespace) -> int:
         return 0
     held = HeldSignals()  # from the run folder's making until the job is named here
     try:
-        run_dir, job = submit(cfg, command=_command(), held=held)
+        run_dir, job = submit(cfg, command=launch_command(), held=held)
         _say_submitted(job, run_dir)
     except KitError:
         _unless_interrupted(held)
@@ -255,7 +274,7 @@ def _follow(
 ) -> int:
     """`--wait`: 0 if the job succeeded, 1 if it failed, 130 on Ctrl-C (said in one line), or
     if it was cancelled. `held`: a signal that came while the job was submitted, taken now."""
-    from slurm_ddp_kit.launch.submit import follow, interrupted
+    from slurm_ddp_kit.launch.follow import follow, interrupted
 
     try:
         if held is not None:
@@ -269,204 +288,10 @@ def _follow(
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from slurm_ddp_kit.launch.submit import sweep
+    from slurm_ddp_kit.launch import sweep
 
-    if args.parallel is not None and args.parallel < 1:
-        raise ConfigError(f"--parallel {args.parallel}: give at least 1")
-    modes = _sweep_modes(args)
-    _check_grid_against_overrides(args.grid, args.overrides)
-    points = [(f"mode={mode}", *point) for mode in modes for point in grid(args.grid, len(modes))]
-    cfgs = [_resolve(args, *point) for point in points]
-    if args.dry_run:
-        from slurm_ddp_kit.launch.submit import sweep_dry_run
-
-        print("".join(f"point {n}: {' '.join(p)}\n" for n, p in enumerate(points)), end="")
-        print(sweep_dry_run(cfgs, args.parallel), end="")
-        return 0
-    submitted: list[tuple[Path, Any]] = []
-    try:
-        for (run_dir, job), point in zip(
-            sweep(cfgs, [_point_command(p) for p in points], args.parallel), points, strict=False
-        ):
-            submitted.append((run_dir, job))
-            print(
-                f"submitted job {job.job_id}  {' '.join(point)}  run folder: {run_dir}", flush=True
-            )
-    except KeyboardInterrupt as err:  # locally the sweep waits for its runs: ends them cleanly
-        import submitit
-
-        from slurm_ddp_kit.launch.submit import interrupted
-
-        queued = [run_dir for run_dir, job in submitted if isinstance(job, submitit.SlurmJob)]
-        for run_dir, job in submitted:
-            if isinstance(job, submitit.LocalJob) and _in_flight(run_dir, job):
-                print(printable(interrupted(job, run_dir, err)), file=sys.stderr, flush=True)
-        if queued:  # one line, not a Slurm query and a line per run
-            print(f"{interrupt_word(err)}: {_queued_words(queued, submitted)}", file=sys.stderr)
-        if len(submitted) < len(cfgs):
-            print(
-                f"{interrupt_word(err)}: {len(cfgs) - len(submitted)} of the sweep's "
-                f"{len(cfgs)} runs were not submitted",
-                file=sys.stderr,
-            )
-        return exit_status(err)
-    return _local_sweep_result(submitted)
-
-
-SWEEP_RUNS_NAMED = 6  # an interrupted sweep's hint names its run folders up to this many
-
-
-def _queued_words(queued: list[Path], submitted: list[tuple[Path, Any]]) -> str:
-    """What goes on of an interrupted Slurm sweep, and how to follow or cancel it alone (its
-    root may hold other runs): its run folders, or, for many, its job arrays."""
-    if len(queued) <= SWEEP_RUNS_NAMED:
-        runs = " ".join(map(str, queued))
-        return (
-            f"the sweep's {len(queued)} submitted Slurm job(s) go on: `python -m launch status "
-            f"{runs}`, `python -m launch cancel {runs}`"
-        )
-    arrays = " ".join(dict.fromkeys(str(job.job_id).split("_")[0] for _, job in submitted))
-    return (
-        f"the sweep's {len(queued)} submitted Slurm job(s) go on, in job array(s) {arrays}: "
-        f"`python -m launch status {queued[0].parent}` lists them among that folder's runs; "
-        f"`scancel {arrays}` cancels them alone"
-    )
-
-
-def _in_flight(run_dir: Path, job: Any) -> bool:
-    """A local run that an interrupt may have ended: still running, or ended with neither a
-    summary nor a failure of its own (the terminal's Ctrl-C reached its controller and ranks
-    before this process could cancel it)."""
-    if not job.done():
-        return True
-    if runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):
-        return False
-    first = runfolder.first_failure(run_dir)
-    return first is None or str(first.get("error", "")).startswith("KeyboardInterrupt")
-
-
-def _local_sweep_result(submitted: list[tuple[Path, Any]]) -> int:
-    """A local sweep has waited for its runs: 1, with a line per failed run, if any failed.
-    (A Slurm sweep's runs are still queued: `launch status` follows them.)"""
-    import submitit
-
-    from slurm_ddp_kit.launch.jobs import failure_line
-    from slurm_ddp_kit.launch.submit import result_words
-
-    local = [run_dir for run_dir, job in submitted if isinstance(job, submitit.LocalJob)]
-    summaries = {d: runfolder.of_kind(runfolder.read_rank(d, 0), "summary") for d in local}
-    for run_dir, summary in summaries.items():  # each run's result, in the order submitted
-        if summary:
-            print(printable(f"{run_dir.name}: {result_words(summary[-1])}"), flush=True)
-    failed = [d for d, s in summaries.items() if not s or s[-1].get("diverged_epoch") is not None]
-    for run_dir in failed:
-        if not summaries[run_dir]:  # a diverged run has said so above
-            line = failure_line(run_dir) or f"{run_dir.name}: ended without a summary"
-            print(printable(line), file=sys.stderr)
-    if local:
-        print(f"{len(local) - len(failed)} of the sweep's {len(local)} runs completed", flush=True)
-    if failed:
-        print(
-            f"{len(failed)} of the sweep's {len(local)} runs failed: see "
-            "`python -m launch logs RUN`",
-            file=sys.stderr,
-        )
-    return 1 if failed else 0
-
-
-def _sweep_modes(args: argparse.Namespace) -> list[str]:
-    """The modes of a sweep come from --modes alone: another mode given (--mode, mode=…, a
-    --grid over mode) would override each of them and make identical runs, so it is refused."""
-    modes = args.modes.split(",")
-    given = [f"--mode {args.mode}"] * (args.mode is not None) + [
-        item for item in [*args.overrides, *args.grid] if item.partition("=")[0].strip() == "mode"
-    ]
-    if given:
-        wanted = args.mode or given[0].partition("=")[2] or ",".join(strategies.names())
-        raise ConfigError(
-            f"{given[0]} conflicts with --modes {args.modes}: a sweep's modes come from --modes "
-            f"alone, e.g. --modes {wanted}"
-        )
-    if len(set(modes)) < len(modes):
-        raise ConfigError(
-            f"--modes {args.modes} names a mode twice: give each once, e.g. "
-            f"--modes {','.join(dict.fromkeys(modes))}"
-        )
-    return modes
-
-
-def _command() -> list[str]:
-    return ["python", "-m", "launch", *sys.argv[1:]]
-
-
-def _point_command(point: tuple[str, ...]) -> list[str]:
-    """A sweep run's own command, as its run folder keeps it: the sweep's, with its grid replaced by
-    this run's point (a 1,000-point grid is not repeated in 1,000 files)."""
-    kept, words = [], iter(sys.argv[1:])
-    for word in words:
-        if word in ("--grid", "--modes"):
-            next(words, None)  # and its value
-        elif not word.startswith(("--grid=", "--modes=")):
-            kept.append(word)
-    mode, *values = point
-    return ["python", "-m", "launch", *kept, "--modes", mode.removeprefix("mode="),
-            *(f"--grid={value}" for value in values)]  # fmt: skip
-
-
-MAX_POINTS = 10_000  # Slurm's default MaxJobCount: the jobs a cluster holds at once
-
-
-def grid(items: list[str], modes: int = 1) -> list[tuple[str, ...]]:
-    """['a=1,2', 'b=x'] → [('a=1', 'b=x'), ('a=2', 'b=x')], for a sweep of `modes` modes."""
-    axes, keys = [], set()
-    for item in items:
-        key, sep, values = item.partition("=")
-        if not sep or not key or not all(values.split(",")):
-            raise ConfigError(
-                f"--grid {item!r} is not of the form key=v1,v2, e.g. train.global_batch_size=256,512"
-            )
-        if key.strip() in keys:  # every point would run twice, or the later value would win
-            raise ConfigError(f"--grid {key} is given twice: give its values once, in one --grid")
-        listed = values.split(",")
-        _check_values_differ(key, listed)
-        keys.add(key.strip())
-        axes.append([f"{key}={v}" for v in listed])
-    count = modes * math.prod(len(axis) for axis in axes)
-    if count > MAX_POINTS:
-        raise ConfigError(
-            f"--modes and --grid make {count:,} points: a sweep holds at most {MAX_POINTS:,} (Slurm's default "
-            "limit of jobs queued at once); split it into several sweeps, or give fewer values"
-        )
-    return list(itertools.product(*axes))
-
-
-def _check_values_differ(key: str, listed: list[str]) -> None:
-    """Two values that read the same (0.1 and 0.10, true and True) would run one point twice."""
-    firsts: dict[str, str] = {}  # each value as read → the first text that reads as it
-    twice = []
-    for text in listed:
-        _, value = read_override(f"{key}={text}")
-        read = json.dumps(value, sort_keys=True, default=str)
-        if read in firsts:
-            twice.append(f"{firsts[read]} and {text}")
-        firsts.setdefault(read, text)
-    if twice:
-        raise ConfigError(
-            f"--grid {key}={','.join(listed)} names one value twice ({twice[0]}): give each "
-            f"once, e.g. {key}={','.join(firsts.values())}"
-        )
-
-
-def _check_grid_against_overrides(items: list[str], overrides: list[str]) -> None:
-    """A key both swept and set would lose the set value to each point's without a word."""
-    set_keys = {item.partition("=")[0].strip(): item for item in overrides}
-    for item in items:
-        key = item.partition("=")[0].strip()
-        if key in set_keys:
-            raise ConfigError(
-                f"{set_keys[key]} and --grid {item} both set {key}: give it once, in the grid "
-                "or as a setting"
-            )
+    points = sweep.points(args)
+    return sweep.run(args, points, [_resolve(args, *point) for point in points])
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -478,7 +303,7 @@ def _prepare(args: argparse.Namespace) -> int:
     restarted = os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0")
     run_dir = runfolder.find_for_job(root, job_id) if restarted and job_id else None
     if run_dir is None:
-        from slurm_ddp_kit.launch.submit import check_factories
+        from slurm_ddp_kit.launch.checks import check_factories
 
         datafiles.check_data(cfg)  # what `launch submit` asks of a run's data and factories:
         check_factories(cfg, trial=False)  # a new one is made here (the job tries the workload)

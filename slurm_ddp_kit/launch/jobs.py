@@ -6,8 +6,6 @@ State comes from Slurm (`core.slurm`: accounting, then the queue), then the run 
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import time
 from dataclasses import astuple, dataclass
@@ -16,6 +14,7 @@ from typing import Any
 
 from slurm_ddp_kit.core import processes, runfolder, slurm
 from slurm_ddp_kit.core.errors import KitError
+from slurm_ddp_kit.core.runfolder import failures
 from slurm_ddp_kit.core.settings.rules import world_size
 
 
@@ -138,7 +137,7 @@ def cancel(run_dir: Path) -> str:
         return f"{run_dir.name}: job {job_id} had already completed"
     ended = f"{run_dir.name}: local job {job_id} had already ended"
     local = meta.get("backend") != "slurm"
-    if local and not _local_job_alive(run_dir, meta):  # nor is its PID another's to signal
+    if local and not local_job_alive(run_dir, meta):  # nor is its PID another's to signal
         return ended  # and not marked: a failed run stays FAILED
     # Marked first: ranks that catch the cancel's SIGTERM stop without writing anything.
     runfolder.update_meta(run_dir, cancel_requested=True)
@@ -148,7 +147,7 @@ def cancel(run_dir: Path) -> str:
     # forwarded SIGTERM, which submitit reserves for preemption); tasks whose controller is
     # gone are told themselves.
     controller = [int(job_id)] if _controller_alive(meta, run_dir) else []
-    _signal([*controller, *_task_pids(run_dir, meta)], signal.SIGINT)
+    processes.signal_all([*controller, *_task_pids(run_dir, meta)], signal.SIGINT)
     return f"{run_dir.name}: cancelled local job {job_id}"
 
 
@@ -160,15 +159,9 @@ def wait_local_end(run_dir: Path, timeout_s: float = END_WAIT_S) -> None:
     there after `timeout_s`: a command that says a job was cancelled leaves nothing behind."""
     meta = runfolder.read_meta(run_dir)
     deadline = time.monotonic() + timeout_s
-    while _local_job_alive(run_dir, meta) and time.monotonic() < deadline:
+    while local_job_alive(run_dir, meta) and time.monotonic() < deadline:
         time.sleep(0.1)
-    _signal(_task_pids(run_dir, meta), signal.SIGKILL)
-
-
-def _signal(pids: list[int], signum: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):  # ended meanwhile
-            os.kill(pid, signum)
+    processes.signal_all(_task_pids(run_dir, meta), signal.SIGKILL)
 
 
 def _cancel_slurm(run_dir: Path, job_id: str, marked_before: bool) -> str:
@@ -188,7 +181,7 @@ def _cancel_slurm(run_dir: Path, job_id: str, marked_before: bool) -> str:
 
 def failure_line(run_dir: Path) -> str | None:
     """'RUN: rank R on HOST failed first: …' for a run whose ranks recorded an error."""
-    first = runfolder.first_failure(run_dir)
+    first = failures.first_failure(run_dir)
     if not first:
         return None
     if runfolder.read_meta(run_dir).get("cancel_requested") and (
@@ -196,7 +189,7 @@ def failure_line(run_dir: Path) -> str | None:
         or first.get("recorded") is False
     ):
         return None  # the cancel's own end (a Ctrl-C in the ranks, srun's word of its SIGTERM)
-    return f"{run_dir.name}: {runfolder.failure_words(first)}"
+    return f"{run_dir.name}: {failures.failure_words(first)}"
 
 
 def notes(run_dir: Path, state: str) -> list[str]:
@@ -235,7 +228,7 @@ def log_files(run_dir: Path, rank: int | None) -> list[Path]:
     """The stdout/stderr files of one rank (by default the rank that failed first, else rank 0)."""
     runfolder.read_meta(run_dir)  # a run folder, readable: before its records are looked at
     if rank is None:
-        first = runfolder.first_failure(run_dir)
+        first = failures.first_failure(run_dir)
         rank = int(first["rank"]) if first else 0
     ranks = world_size(runfolder.read_config(run_dir))
     if not 0 <= rank < ranks:
@@ -255,7 +248,7 @@ def finished(run_dir: Path, records: list[dict[str, Any]]) -> bool:
     if not runfolder.of_kind(records, "summary"):
         return False
     start = next(iter(runfolder.of_kind(records, "start")), {})
-    return start.get("task") != "program" or runfolder.first_failure(run_dir) is None
+    return start.get("task") != "program" or failures.first_failure(run_dir) is None
 
 
 def _folder_state(
@@ -269,12 +262,12 @@ def _folder_state(
     elapsed = _clock(summary["total_seconds"]) if summary else "-"
     host = _hosts(run_dir, records)
     stop = next(reversed(runfolder.of_kind(records, "stop")), None)  # the last attempt's
-    alive = meta.get("backend") == "local" and _local_job_alive(run_dir, meta, tasks)
+    alive = meta.get("backend") == "local" and local_job_alive(run_dir, meta, tasks)
     if summary and finished(run_dir, records):
         state = "COMPLETED"
     elif meta.get("cancel_requested") and not alive:
         state = "CANCELLED"
-    elif not alive and runfolder.first_failure(run_dir):  # any rank's error, not rank 0's alone
+    elif not alive and failures.first_failure(run_dir):  # any rank's error, not rank 0's alone
         state = "FAILED"
     elif stop and not alive:
         state = _stopped_state(stop)
@@ -315,27 +308,13 @@ def _stopped_state(stop: dict[str, Any]) -> str:
     return "STOPPED"
 
 
-def process_identity(pid: int) -> str | None:
-    """What tells a process from a later one given the same PID: the boot and the process's start
-    time (field 22 of /proc/PID/stat); None where /proc cannot tell (not Linux, or gone)."""
-    stat = _stat(pid)
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-    return f"{boot}:{stat[19]}" if stat else None
-
-
-def _local_job_alive(
-    run_dir: Path, meta: dict[str, Any], table: processes.Table | None = None
+def local_job_alive(
+    run_dir: Path, meta: dict[str, Any] | None = None, table: processes.Table | None = None
 ) -> bool:
-    """The local job runs: its controller, or a task of it (one whose controller was killed)."""
+    """Whether the run's local job runs: its controller, or a task of it (one whose controller
+    was killed). `meta`: run.json read before; `table`: `processes.task_table()` read before."""
+    meta = runfolder.read_meta(run_dir) if meta is None else meta
     return _controller_alive(meta, run_dir) or bool(_tasks(run_dir, meta, table))
-
-
-def local_job_alive(run_dir: Path) -> bool:
-    """Whether any process of the run's local job still runs (see `_local_job_alive`)."""
-    return _local_job_alive(run_dir, runfolder.read_meta(run_dir))
 
 
 def _tasks(
@@ -359,34 +338,12 @@ def _controller_alive(meta: dict[str, Any], run_dir: Path) -> bool:
     identity the run folder records prove nothing alone: anyone who can write the folder can name any process,
     which `cancel` would then signal and `status` call RUNNING."""
     pid = str(meta.get("job_id"))
-    if not _alive(pid):
+    if not pid.isdigit() or not processes.alive(int(pid)):
         return False
     recorded = meta.get("job_process")
-    if recorded and process_identity(int(pid)) != recorded:
+    if recorded and processes.identity(int(pid)) != recorded:
         return False
     return processes.started_for(int(pid), runfolder.logs_dir(run_dir))
-
-
-def _alive(pid: str) -> bool:
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = _stat(int(pid))
-    return stat is None or stat[0] != "Z"  # a zombie is not running; no /proc: the PID alone
-
-
-def _stat(pid: int) -> list[str] | None:
-    """/proc/PID/stat's fields from the third on (state, ppid, …; start time is [19]), read past
-    the command name, which may hold spaces and ')'; None without /proc or once the PID is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
 
 
 def _last_epoch(records: list[dict[str, Any]]) -> str:

@@ -13,11 +13,26 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from slurm_ddp_kit.core.cli import CONFIG_HELP, ArgumentParser, add_common_flags, main_of
+from slurm_ddp_kit.core.cli import (
+    CONFIG_HELP,
+    ArgumentParser,
+    add_command,
+    add_common_flags,
+    main_of,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     return main_of(_parser(), argv)
+
+
+# What each command's --help ends with, after the command's own words.
+EXAMPLES = {
+    "run": ['"$run_dir"    (under srun, one process per task: what slurm/ddp.sbatch runs)'],
+    "prepare-data": ["data.train_size=12000 data.test_size=2000"],
+    "check-workload": ["model.name=mypackage.workload:model data.dataset=mypackage.workload:data"],
+    "fetch-mnist": ["--root data"],
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,9 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     def command(
         name: str, func: object, text: str, config: bool = False
     ) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=text)
-        add_common_flags(sub)
-        sub.set_defaults(func=func)
+        sub = add_command(commands, name, func, text, EXAMPLES[name])
         if config:
             sub.add_argument(
                 "--config",

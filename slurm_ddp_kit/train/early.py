@@ -29,6 +29,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from slurm_ddp_kit.core import processes
+
 if TYPE_CHECKING:
     from multiprocessing.context import ForkServerContext
 
@@ -72,7 +74,7 @@ def _under_controller() -> bool:
     job = int(os.environ.get("SUBMITIT_LOCAL_JOB_ID") or 0)
     pid = os.getpid()
     for _ in range(4):
-        fields = _stat(pid)
+        fields = processes.stat(pid)
         if fields is None:
             return True  # /proc cannot tell: leave the task alone
         pid = int(fields[1])
@@ -101,11 +103,10 @@ def _from_the_job(pid: int) -> bool:
     while pid > 1:
         if pid == holder:
             return True
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                pid = int(stat.read().rsplit(")", 1)[1].split()[1])  # its parent
-        except (OSError, ValueError, IndexError):
+        fields = processes.stat(pid)
+        if fields is None or not fields[1].isdigit():
             return False
+        pid = int(fields[1])  # its parent
     return False
 
 
@@ -185,13 +186,11 @@ def end_leftovers(grace_s: float = 1.0) -> list[int]:
     signal.signal(
         signal.SIGCHLD, signal.SIG_DFL
     )  # a DataLoader's would call a worker's end a crash
-    for pid in left:
-        _signal(pid, signal.SIGTERM)
+    processes.signal_all(left, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while any(map(_running, left)) and time.monotonic() < deadline:
+    while any(map(processes.alive, left)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for pid in filter(_running, left):
-        _signal(pid, signal.SIGKILL)
+    processes.signal_all([pid for pid in left if processes.alive(pid)], signal.SIGKILL)
     return left
 
 
@@ -199,29 +198,15 @@ def _descendants(root: int) -> list[int]:
     """The running processes below `root` (from /proc), less multiprocessing's servers and theirs."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if entry.isdigit() and (fields := _stat(int(entry))):
+        if entry.isdigit() and (fields := processes.stat(int(entry))):
             children.setdefault(int(fields[1]), []).append(int(entry))
     found, todo = [], list(children.get(root, []))
     while todo:
         pid = todo.pop()
-        if _running(pid) and not _multiprocessing_server(pid):
+        if processes.alive(pid) and not _multiprocessing_server(pid):
             found.append(pid)
             todo += children.get(pid, [])
     return found
-
-
-def _stat(pid: int) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name: state, ppid, …"""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _running(pid: int) -> bool:
-    fields = _stat(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
 
 
 def _multiprocessing_server(pid: int) -> bool:
@@ -236,8 +221,3 @@ def _multiprocessing_server(pid: int) -> bool:
 
 
 _SERVERS = ("resource_tracker", "forkserver")
-
-
-def _signal(pid: int, signum: int) -> None:
-    with contextlib.suppress(OSError):  # gone already
-        os.kill(pid, signum)

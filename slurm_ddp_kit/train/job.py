@@ -59,7 +59,7 @@ def _log_to_stderr() -> None:
 
 def run_array_element(run_dir: str) -> dict[str, Any] | None:
     """Entry point of a sweep's array element: an element's allocation is its own run's shape
-    (`launch.submit._arrays`), so it runs as any job does."""
+    (`launch.sweep._arrays`), so it runs as any job does."""
     return run(run_dir)
 
 

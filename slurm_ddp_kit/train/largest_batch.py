@@ -33,13 +33,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from slurm_ddp_kit.core import strategies
+from slurm_ddp_kit.core import processes, strategies
 from slurm_ddp_kit.core.errors import KitError
 from slurm_ddp_kit.core.settings.schema import Config, Precision, Task
 from slurm_ddp_kit.train import early, steps, workloads
@@ -340,19 +339,11 @@ def _end_with(job_pid: int) -> None:
     the worker is the fork server's child, not the job process's): a watch every second."""
 
     def watch() -> None:
-        while _alive(job_pid):
+        while processes.alive(job_pid):
             time.sleep(1)
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True, name="job-watch").start()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")  # a zombie is a process that has ended
 
 
 WIDTH_CEILING = 1 << 16  # model.width's largest setting

@@ -46,7 +46,7 @@ class ProgramError(KitError):
 
 
 def run(run_dir: str) -> dict[str, Any]:
-    """The entry point submitted for a program run (`launch.submit.Training`)."""
+    """The entry point submitted for a program run (`launch.executor.ProgramRun`)."""
     started = time.time()
     folder = Path(run_dir)
     cfg = runfolder.load_job_config(folder)

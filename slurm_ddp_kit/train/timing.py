@@ -9,11 +9,13 @@ from typing import Any
 
 import torch
 
+from slurm_ddp_kit.core import processes
+
 
 def process_start_time() -> float:
     """When this process was created (Linux /proc), so start-up counts interpreter and imports."""
     try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        fields = processes.stat(os.getpid()) or []
         started_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start time since boot
         uptime_s = float(Path("/proc/uptime").read_text().split()[0])
         return time.time() - max(uptime_s - started_s, 0.0)

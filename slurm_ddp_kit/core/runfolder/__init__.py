@@ -13,7 +13,6 @@ import errno
 import fcntl
 import functools
 import glob
-import itertools
 import json
 import logging
 import os
@@ -28,32 +27,61 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from slurm_ddp_kit.core import slurm
+from slurm_ddp_kit.core import processes, slurm
 from slurm_ddp_kit.core.errors import KitError
+from slurm_ddp_kit.core.runfolder.checks import MAX_RANKS, misfit, misfit_fields
 from slurm_ddp_kit.core.settings.loading import from_dict, load_config, to_dict, to_yaml
-from slurm_ddp_kit.core.settings.rules import world_size
 from slurm_ddp_kit.core.settings.schema import Config
 
 SCHEMA = 1  # of run.json and of every record; a reader refuses a newer one, naming the fix
+
+
 CONFIG = "config.yaml"  # the resolved settings, for people and for the job
+
+
 SWEEPS = "sweeps"  # beside a sweep's run folders: its array's logs, one folder per sweep
+
+
 META = "run.json"  # who made the run, its job, and the settings again as JSON for fast readers
+
+
 METRICS = "metrics"  # one JSON-lines file per rank
+
+
 LOGS = "logs"
+
+
 SRUN_LOG = "srun.err"  # under logs/: srun's own messages, copied there by the sbatch scripts
+
+
 CHECKPOINT = "checkpoints/model.pt"  # the bare model's weights
+
+
 STATE = "checkpoints/state.pt"  # the whole training state a job resumes from
+
+
 # A sharded strategy's (FSDP's) model and optimizer state: one torch.distributed.checkpoint
 # folder per save, each rank writing its own shards; state.pt names the one it belongs to.
 SHARDS = "checkpoints/shards"
+
+
 PROGRAM_CHECKPOINTS = "checkpoints/program"  # a user's program saves here (slurm_ddp_kit)
+
+
 # Under logs/: the port a local job's rendezvous store took, for its other processes to read.
 STORE_PORT = "store-{job}.port"
+
+
 CLAIM = ".submitting"  # locked while a launcher checks the folder is free and submits into it
+
+
 # `log`: a user's program's own record (`slurm_ddp_kit.log`), its values under `fields`.
 KINDS = ("start", "epoch", "progress", "notice", "stop", "error", "summary", "log")
+
+
 ENDS = ("error", "summary", "stop")  # the kinds a rank's attempt ends with
-MAX_RANKS = 100_000 * 64  # cluster.nodes × cluster.gpus_per_node at their largest
+
+
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9@+=:,./_-]+")  # needs no shell quoting; no Slurm % pattern
 
 
@@ -62,9 +90,6 @@ log = logging.getLogger("kit")
 
 class RunFolderError(KitError):
     """A path is not a readable run folder of this kit's schema; the message names the fix."""
-
-
-# --- making a run folder ------------------------------------------------------------------
 
 
 def check_root(root: str | Path) -> Path:
@@ -179,18 +204,8 @@ def _clear_stale_staging(root: Path) -> None:
     host = socket.gethostname()
     for staging in root.glob(f"{STAGING}{glob.escape(host)}-*"):
         pid = staging.name[len(STAGING) + len(host) + 1 :].split("-", 1)[0]
-        if pid.isdigit() and not _process_exists(int(pid)):
+        if pid.isdigit() and not processes.alive(int(pid)):
             shutil.rmtree(staging, ignore_errors=True)
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        return True
-    return True
 
 
 @functools.cache
@@ -239,9 +254,6 @@ def _remove_tree(path: Path) -> None:
     path.rmdir()
 
 
-# --- run.json -----------------------------------------------------------------------------
-
-
 def _not_a_run_folder(path: Path) -> str:
     """Why `path` is no run folder, and which to pass: one of the runs it holds (a sweep's root,
     an output root), else one under the output root."""
@@ -276,7 +288,7 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
             f"{path} has schema {meta['schema']}, newer than this kit's {SCHEMA}: "
             "read it with the newer kit that wrote it (pip install -U the kit)"
         )
-    if misfit := _misfit_fields(meta, _META_FIELDS) or _misfit_job_ids(meta):
+    if misfit := misfit_fields(meta, _META_FIELDS) or _misfit_job_ids(meta):
         raise RunFolderError(f"{path} is damaged: {misfit}")
     return meta
 
@@ -393,128 +405,6 @@ def _holds_meta(folder: str) -> bool:
         return os.path.islink(path)  # a dangling link: a damaged run, reported as such later
 
 
-def first_failure(run_dir: Path) -> dict[str, Any] | None:
-    """What failed first, as an `error` record of the rank to look at.
-
-    Where srun saw a task end by a signal first (killed, aborted, a segfault: it could write
-    nothing), that rank; else the earliest `error` that is not a mere echo of a lost peer; with
-    no error at all, the task srun saw end first; else a rank that stood still (stopped dead,
-    its error written once Slurm woke it to end it); else a rank that started and then went
-    silent (killed or stalled); else the earliest error. srun's word comes first for signals:
-    a rank it ended for the job's sake is reported after the step's end, and a peer's error may
-    read as its own.
-    """
-    views = {rank: read_rank(run_dir, rank) for rank in rank_files(run_dir, _ranks(run_dir))}
-    errors = [r for view in views.values() for r in of_kind(view, "error")]
-    ended = slurm.first_bad_exit(srun_output(run_dir))
-    if ended and ended.by_signal:
-        return _ended_by_slurm(views, ended)
-    primary = [r for r in errors if not lost_peer(r)]
-    if primary:
-        return min(primary, key=lambda r: r.get("time", 0.0))
-    if not errors:
-        return _ended_by_slurm(views, ended) if ended else None
-    still = max(errors, key=lambda r: float(r.get("stood_still_s") or 0))
-    if float(still.get("stood_still_s") or 0) >= STOOD_STILL_S:
-        return {
-            **still,
-            "error": f"stopped answering: it stood still for {still['stood_still_s']:.0f} s "
-            "(stopped dead, SIGSTOP, or frozen), and the other ranks timed out waiting for it",
-        }
-    silent = [rank for rank, view in sorted(views.items()) if went_silent(view)]
-    # A stalled rank that Slurm wakes to end it (SIGCONT, SIGTERM) writes an error of its own,
-    # but never a timeout: the timeouts are the ranks that waited for it.
-    waited = {r.get("rank") for r in errors if _WAITED.search(str(r.get("error", "")))}
-    woken = [rank for rank, view in sorted(views.items()) if waited and rank not in waited]
-    silent = silent or [rank for rank in woken if of_kind(views[rank], "start")]
-    if silent:
-        start = of_kind(views[silent[0]], "start")[-1]
-        return {
-            "rank": silent[0],
-            "node": start.get("node"),
-            "host": start.get("host"),
-            "error": "stopped answering (killed or stalled: it recorded no error); the other "
-            "ranks lost it",
-        }
-    return min(errors, key=lambda r: r.get("time", 0.0))
-
-
-STOOD_STILL_S = 5.0  # a rank that did not run for this long was stopped, not merely slow
-
-
-def _ranks(run_dir: Path) -> int:
-    """The run's world size, as its settings make it (the bound of its rank files)."""
-    try:
-        return world_size(read_config(run_dir))
-    except KitError:  # the caller reports the damaged run.json; files alone bound nothing more
-        return MAX_RANKS
-
-
-def _ended_by_slurm(views: dict[int, list[dict[str, Any]]], ended: slurm.TaskEnd) -> dict[str, Any]:
-    rank = ended.tasks[0]
-    start = (of_kind(views.get(rank, []), "start") or [{}])[-1]
-    own = of_kind(views.get(rank, []), "error")
-    said = f"; its last words: {own[-1].get('error')}" if own else ": it recorded no error"
-    return {
-        "rank": rank,
-        "node": ended.node,
-        "host": start.get("host"),
-        "error": f"{ended.what.lower()} (as srun reports it){said}",
-        "recorded": bool(own),  # False: srun's word alone (a cancel's SIGTERM reads so too)
-    }
-
-
-def srun_output(run_dir: Path) -> str:
-    """srun's own messages for the run's job: the sbatch scripts copy them into the run folder;
-    under submitit they are in the job's first stderr log (the batch step's is task 0's). The
-    stdout logs, which hold the whole training's output, are not read. Logs that lead out of
-    the run folder are passed over here (`launch logs` names them): one hostile folder must not
-    stop `status` of the others."""
-    try:
-        errs = [p for p in log_files(run_dir, 0, earlier_jobs=False) if p.suffix == ".err"]
-        paths = [_log_inside(run_dir, logs_dir(run_dir) / SRUN_LOG), *errs]
-    except RunFolderError:
-        return ""
-    texts = []
-    for path in paths:
-        with contextlib.suppress(OSError):
-            texts.append(path.read_text(errors="replace"))
-    return "\n".join(texts)
-
-
-# Errors a rank raises because a peer went away: they follow a failure, they are not it.
-_LOST_PEER = re.compile(
-    r"closed by peer|reset by peer|broken pipe|timed out|timeout|remote process exited|"
-    r"communicator was aborted|connection refused",
-    re.IGNORECASE,
-)
-
-
-_WAITED = re.compile(r"timed out|timeout", re.IGNORECASE)
-
-
-def lost_peer(error: dict[str, Any]) -> bool:
-    """An error that only says a peer went away (its backend traceback tells nothing more)."""
-    return bool(_LOST_PEER.search(str(error.get("error", ""))))
-
-
-def went_silent(view: list[dict[str, Any]]) -> bool:
-    """A rank that started and then wrote nothing more of its end: no error, stop or summary."""
-    kinds = {r.get("kind") for r in view}
-    return "start" in kinds and not kinds & set(ENDS)
-
-
-def nodes_of(run_dir: Path) -> list[str]:
-    """The nodes the ranks of the run's last attempt started on (from their start records)."""
-    ranks = rank_files(run_dir, _ranks(run_dir))
-    starts = (of_kind(read_rank(run_dir, rank), "start") for rank in ranks)
-    return sorted({str(s[-1]["node"]) for s in starts if s and s[-1].get("node")})
-
-
-def failure_words(error: dict[str, Any]) -> str:
-    return f"rank {error.get('rank')} on {error.get('node') or error.get('host')} failed first: {error.get('error')}"
-
-
 def find_for_job(root: Path, job_id: str) -> Path | None:
     """The run folder under root whose run.json names this Slurm job, if any."""
     for run_dir in find_runs(root):
@@ -522,9 +412,6 @@ def find_for_job(root: Path, job_id: str) -> Path | None:
             if str(read_meta(run_dir).get("job_id")) == job_id:
                 return run_dir
     return None
-
-
-# --- per-rank records ---------------------------------------------------------------------
 
 
 def fingerprint(run_dir: Path) -> tuple[object, ...] | None:
@@ -675,7 +562,7 @@ def read_records(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
         if max(map(len, lines), default=0) <= MAX_LINE:
             parsed = json.loads("[" + ",".join(lines) + "]")
             if all(
-                isinstance(r, dict) and r.get("schema") == SCHEMA and not _misfit(r) for r in parsed
+                isinstance(r, dict) and r.get("schema") == SCHEMA and not misfit(r) for r in parsed
             ):
                 return parsed, []
     except (ValueError, RecursionError):  # RecursionError: a line nested too deep
@@ -713,207 +600,9 @@ def _parse_line(line: str) -> tuple[dict[str, Any], str]:
         )
     if schema != SCHEMA:
         return {}, f"schema {schema!r} skipped: not a record of this kit (it reads {SCHEMA})"
-    if misfit := _misfit(record):
-        return {}, f"record skipped: {misfit}"
+    if problem := misfit(record):
+        return {}, f"record skipped: {problem}"
     return record, ""
-
-
-_INT, _NUMBER, _TEXT = (int,), (int, float), (str,)
-_MAYBE_INT, _MAYBE_NUMBER, _MAYBE_TEXT = (
-    (int, type(None)),
-    (int, float, type(None)),
-    (str, type(None)),
-)
-# The fields that readers compute with, by kind, and the types each may have: a record holding one
-# of another type (a hand edit, another tool's line) is skipped with a warning, like a line cut
-# short, instead of failing every command that reads the run.
-_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
-    "*": {"kind": _TEXT, "time": _NUMBER, "rank": _INT},
-    "start": {
-        **dict.fromkeys(("pid", "world_size", "gpu_count", "first_epoch", "restarts"), _INT),
-        **dict.fromkeys(("local_rank", "local_world_size", "node_rank", "master_port"), _INT),
-        **dict.fromkeys(("master_addr", "source", "device", "cuda_visible_devices"), _MAYBE_TEXT),
-        "python": _MAYBE_TEXT,
-        **dict.fromkeys(("train_samples", "test_samples", "epochs", "global_batch"), _INT),
-        **dict.fromkeys(("host", "mode", "task", "backend", "torch"), _TEXT),
-        **dict.fromkeys(("node", "job_id", "device_name"), _MAYBE_TEXT),
-        **dict.fromkeys(("startup_s", "data_touched"), _MAYBE_NUMBER),
-        "compile_cache": _MAYBE_TEXT,
-        "startup_parts": (dict, type(None)),
-        "resumed_at_batch": _MAYBE_INT,
-        "bytecode_cached": (bool, type(None)),
-        **dict.fromkeys(("cpus", "placement"), _MAYBE_TEXT),
-        **dict.fromkeys(("cpus_usable", "cpus_asked"), _MAYBE_INT),
-        "gpu_ids": (list, type(None)),
-        "program": (list,),
-    },
-    "epoch": {
-        "epoch": _INT,
-        "samples": _MAYBE_INT,
-        "resumed_at_batch": _MAYBE_INT,
-        **dict.fromkeys(
-            ("seconds", "samples_per_s", "train_loss", "test_loss", "test_accuracy"), _MAYBE_NUMBER
-        ),
-        **dict.fromkeys(
-            ("eval_seconds", "step_ms_p50", "step_ms_p90", "step_ms_p99", "energy_j"),
-            _MAYBE_NUMBER,
-        ),
-    },
-    "progress": {**dict.fromkeys(("epoch", "batch", "batches"), _INT), "seconds": _NUMBER},
-    "summary": {
-        **dict.fromkeys(("train_seconds", "total_seconds", "tolerance"), _MAYBE_NUMBER),
-        **dict.fromkeys(("final_test_loss", "final_test_accuracy"), _MAYBE_NUMBER),
-        **dict.fromkeys(
-            (
-                *("epochs", "largest_global_batch", "ceiling", "diverged_epoch", "attempts"),
-                *("untimed", "largest_width", "largest_model_parameters", "global_batch"),
-            ),
-            _MAYBE_INT,
-        ),
-        **dict.fromkeys(("checkpoint", "parameters_sha256"), _MAYBE_TEXT),
-        **dict.fromkeys(("gpus", "trials"), (list,)),
-    },
-    "stop": {
-        "reason": _TEXT,
-        **dict.fromkeys(("epoch", "batches", "requeues_used"), _INT),
-        "requeue": (str, int, type(None)),
-        **dict.fromkeys(("slurm_state", "not_requeued"), _MAYBE_TEXT),
-        "saved": (bool,),
-    },
-    "error": {
-        **dict.fromkeys(("error", "host", "traceback_tail"), _TEXT),
-        "node": _MAYBE_TEXT,
-        "kit_error": (bool,),
-        "stood_still_s": _MAYBE_NUMBER,
-        "exit_code": _MAYBE_INT,
-    },
-    "notice": {"text": _TEXT},
-    "log": {"fields": (dict,)},
-}
-
-# The lists and mappings of a record whose entries readers compute with (a mapping's values are
-# its entries): the types an entry may have, or for an entry that is a mapping (a summary's
-# `gpus` entry per card), the types of its fields.
-_ITEMS: dict[str, dict[str, tuple[type, ...] | dict[str, tuple[type, ...]]]] = {
-    "start": {"startup_parts": _MAYBE_NUMBER, "gpu_ids": _MAYBE_INT},
-    "summary": {
-        "gpus": {
-            "cuda_index": _MAYBE_INT,
-            "name": _MAYBE_TEXT,
-            "util_samples": _MAYBE_INT,
-            **dict.fromkeys(
-                ("util_pct", "nvml_used_mb_peak", "max_allocated_mb", "max_reserved_mb"),
-                _MAYBE_NUMBER,
-            ),
-            "energy_j": _MAYBE_NUMBER,
-        },
-        "trials": {
-            **dict.fromkeys(("global_batch", "width", "parameters"), _MAYBE_INT),
-            "fits": (bool,),
-        },
-    },
-}
-
-_MOST = float(2**53)  # past this a number is no count, time or size of a run
-_RANK, _COUNT, _SECONDS = (0, MAX_RANKS - 1), (0, _MOST), (0.0, _MOST)
-# The ranges of the numbers readers loop over, size by or print as times: a record holding one
-# outside its range (a hand edit, another tool's line) is skipped as one of a wrong type is.
-_RANGES: dict[str, dict[str, tuple[float, float]]] = {
-    "*": {"rank": _RANK, "time": _SECONDS},
-    "start": {
-        **dict.fromkeys(("world_size", "local_world_size"), (1, MAX_RANKS)),
-        **dict.fromkeys(("local_rank", "node_rank"), _RANK),
-        **dict.fromkeys(("first_epoch", "epochs"), (1, 1_000_001)),  # train.epochs' range
-        **dict.fromkeys(("gpu_count", "restarts", "resumed_at_batch", "pid"), _COUNT),
-        **dict.fromkeys(("startup_s", "data_touched"), _SECONDS),
-        "master_port": (0, 65535),
-    },
-    "epoch": {"epoch": (1, 1_000_000)},
-    "progress": {
-        "epoch": (1, 1_000_000),
-        **dict.fromkeys(("batch", "batches"), _COUNT),
-        "seconds": _SECONDS,
-    },
-    "summary": {
-        **dict.fromkeys(("train_seconds", "total_seconds"), _SECONDS),
-        **dict.fromkeys(("epochs", "attempts", "untimed", "diverged_epoch"), _COUNT),
-    },
-    "stop": dict.fromkeys(("epoch", "batches", "requeues_used"), _COUNT),
-    "error": {"stood_still_s": _SECONDS},
-}
-# Per kind, with the fields every record has.
-_BOUNDS = {kind: tuple({**_RANGES["*"], **_RANGES.get(kind, {})}.items()) for kind in _FIELDS}
-
-
-class _Absent:
-    """What a record's field is when it has none: every field may be absent."""
-
-
-def _checks(
-    fields: dict[str, tuple[type, ...]],
-) -> tuple[tuple[str, ...], tuple[frozenset[type], ...]]:
-    """The fields' names, and each one's exact types as json gives them (a bool only where bool
-    is named), absence allowed."""
-    return tuple(fields), tuple(frozenset({*types, _Absent}) for types in fields.values())
-
-
-# Per kind, with the fields every record has: merged once, read for every record of every run.
-_CHECKS = {kind: _checks({**_FIELDS["*"], **fields}) for kind, fields in _FIELDS.items()}
-_ABSENT = itertools.repeat(_Absent())
-
-
-def _misfit(record: dict[str, Any]) -> str:
-    """'' for a record whose known fields have their types and ranges; else the first that has
-    not.
-
-    summarize checks every record of every run, so the common case runs in C: each known field's
-    exact type (json gives int, float, str, bool, None, list and dict only) looked up in a set.
-    """
-    kind = record.get("kind")
-    kind = kind if isinstance(kind, str) and kind in _CHECKS else "*"
-    names, allowed = _CHECKS[kind]
-    types = map(type, map(record.get, names, _ABSENT))
-    if not all(map(frozenset.__contains__, allowed, types)):
-        return _misfit_fields(record, _FIELDS["*"] | _FIELDS.get(kind, {}))
-    for name, (low, high) in _BOUNDS[kind]:
-        value = record.get(name)
-        if value is not None and not low <= value <= high:  # NaN is in no range
-            return f"its {name} is {value!r}, not in {low}..{high}"
-    return _misfit_items(record, _ITEMS.get(kind, {}))
-
-
-def _misfit_items(record: dict[str, Any], fields: dict[str, Any]) -> str:
-    """'' where each entry of the record's lists and mappings (a summary's `gpus`, …) has its
-    type (_ITEMS); else what is wrong with the first that has not."""
-    for name, entry_type in fields.items():
-        items = record.get(name)
-        entries = items.values() if isinstance(items, dict) else items or ()
-        for entry in entries:
-            if isinstance(entry_type, dict):  # a mapping of fields, each of its types
-                misfit = _misfit_fields(entry, entry_type) if isinstance(entry, dict) else "x"
-            else:
-                misfit = _misfit_fields({name: entry}, {name: entry_type})
-            if misfit:
-                return f"its {name} holds {_short(entry)}, not {_ENTRIES.get(name, 'a figure')}"
-    return ""
-
-
-_ENTRIES = {"gpus": "a mapping of one card's figures", "trials": "a mapping of one trial"}
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:57]}..."
-
-
-def _misfit_fields(values: dict[str, Any], fields: dict[str, tuple[type, ...]]) -> str:
-    for name, types in fields.items():
-        if name not in values:
-            continue
-        value = values[name]
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            return f"its {name} is {_short(value)}, not {' or '.join(t.__name__ for t in types)}"
-    return ""
 
 
 def run_view(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -971,9 +660,6 @@ def _absent(path: Path) -> bool:
 
 
 _warned: set[Path] = set()  # files whose skipped lines this process has already reported
-
-
-# --- checkpoints and logs -----------------------------------------------------------------
 
 
 def checkpoint_path(run_dir: Path) -> Path:
@@ -1144,7 +830,7 @@ def log_files(run_dir: Path, rank: int, earlier_jobs: bool = True) -> list[Path]
     paths += [logs_dir(run_dir) / f"{job}_{rank}_log.{end}" for job in earlier for end in _ENDS]
     if 0 <= rank < len(recorded) and isinstance(recorded[rank], list):
         paths += [_here(run_dir, Path(p)) for p in recorded[rank] if isinstance(p, str)]
-    return [p for p in dict.fromkeys(paths) if _log_inside(run_dir, p).is_file()]
+    return [p for p in dict.fromkeys(paths) if log_inside(run_dir, p).is_file()]
 
 
 _ENDS = ("out", "err")
@@ -1167,7 +853,7 @@ def _here(run_dir: Path, recorded: Path) -> Path:
     )
 
 
-def _log_inside(run_dir: Path, path: Path) -> Path:
+def log_inside(run_dir: Path, path: Path) -> Path:
     """The log's path, refused where it leads out of the run's logs folder and its sweep's (a
     symbolic link planted there, say): the kit prints what it finds, so never another file."""
     homes = (logs_dir(run_dir).resolve(), (run_dir.parent / SWEEPS).resolve())

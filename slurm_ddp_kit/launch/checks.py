@@ -1,0 +1,278 @@
+"""What the launcher checks before it makes a file: the backend, a user's program, requeue, the
+container, and a user's workload tried on the CPU (a trial that passed is remembered)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.util
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from slurm_ddp_kit.core import (
+    container,
+    datafiles,
+    factories,
+    runfolder,
+    slurm,
+    userfiles,
+)
+from slurm_ddp_kit.core.settings.loading import to_dict
+from slurm_ddp_kit.core.settings.rules import (
+    check_batch_fits_data,
+    check_hardware,
+    tasks_per_node,
+)
+from slurm_ddp_kit.core.settings.schema import (
+    DATASETS,
+    MODELS,
+    Backend,
+    Config,
+    ConfigError,
+    ContainerRuntime,
+    Requeue,
+)
+from slurm_ddp_kit.launch.executor import local_gpus, log, resolve_backend
+
+
+def check_submission(cfg: Config, dry_run: bool = False) -> Backend:
+    """Everything the launcher can check before a file is made; returns the backend to use.
+
+    A dry run needs no Slurm client: it shows the script on any machine. It does import a
+    user's factories, as a submission from here would.
+    """
+    backend = resolve_backend(cfg.cluster.backend)
+    if backend == Backend.slurm and not shutil.which("sbatch") and not dry_run:
+        raise ConfigError(
+            "cluster.backend=slurm but `sbatch` is not on PATH: use cluster.backend=local"
+        )
+    missing = slurm.named_conf_missing() if backend == Backend.slurm and not dry_run else None
+    if missing:
+        raise ConfigError(
+            f"SLURM_CONF={missing} names no file, so sbatch cannot reach Slurm (it would retry "
+            "for a minute): point SLURM_CONF at the cluster's slurm.conf or unset it, or use "
+            "cluster.backend=local"
+        )
+    if backend == Backend.local and cfg.cluster.nodes > 1:
+        raise ConfigError(
+            f"the local backend runs on one machine; cluster.nodes={cfg.cluster.nodes} needs Slurm"
+        )
+    runfolder.check_root(cfg.output.root)
+    _check_container(cfg, backend, dry_run)
+    _check_requeue(cfg, backend, dry_run)
+    if cfg.program:  # the program brings its own data and model
+        _check_program(cfg)
+    else:
+        datafiles.check_data(cfg)
+        check_factories(cfg)
+    if backend == Backend.local:
+        check_hardware(cfg, local_gpus(), tasks_per_node(cfg))
+    return backend
+
+
+def _check_program(cfg: Config) -> None:
+    """The program's command must be found here as the job will look for it: a path, or a name
+    on PATH (the job inherits this environment)."""
+    command = cfg.program[0]
+    found = Path(command).is_file() if os.sep in command else shutil.which(command)
+    if not found:
+        raise ConfigError(
+            f"the program `{command}` is not found here (the job looks for it the same way): give "
+            "a path, or a command on PATH (e.g. `-- python my_train.py`)"
+        )
+
+
+def _check_requeue(cfg: Config, backend: Backend, dry_run: bool) -> None:
+    """An expedited requeue where this cluster takes it (a dry run shows the line regardless)."""
+    if cfg.cluster.requeue != Requeue.expedite:
+        return
+    if backend == Backend.local:
+        raise ConfigError(
+            "cluster.requeue=expedite asks Slurm for an expedited requeue; the local backend "
+            "requeues nothing: drop it, or use cluster.backend=slurm"
+        )
+    refused = "" if dry_run else slurm.expedite_refused()
+    if refused:
+        raise ConfigError(
+            f"cluster.requeue=expedite, but {refused}: drop it (cluster.requeue=normal), or ask "
+            "the cluster's admins for SlurmctldParameters=enable_expedited_requeue on Slurm 25.11+"
+        )
+
+
+def _check_container(cfg: Config, backend: Backend, dry_run: bool) -> None:
+    """What the launcher can see of the container: the runtime here, the image if it is a file."""
+    c = cfg.cluster.container
+    if not c.image:
+        return
+    container.check_code_folders(cfg)
+    for module in container.installed_factories(cfg):
+        log.warning(
+            "%s is installed in this machine's site-packages, which the container does not "
+            "mount: the image must have it too (or launch with its source folder on PYTHONPATH)",
+            module,
+        )
+    if c.runtime == ContainerRuntime.pyxis:
+        if backend == Backend.local:
+            raise ConfigError(
+                "cluster.container.runtime=pyxis runs through srun: it needs the Slurm backend; "
+                "locally use cluster.container.runtime=apptainer, or no container"
+            )
+        if not dry_run and not slurm.srun_takes("--container-image"):
+            raise ConfigError(
+                "cluster.container.runtime=pyxis, but this cluster's srun has no "
+                "--container-image (the pyxis plugin is not installed): use "
+                "cluster.container.runtime=apptainer, or ask the cluster's admins for pyxis"
+            )
+        return
+    if "://" not in c.image and not Path(c.image).expanduser().exists():
+        raise ConfigError(
+            f"cluster.container.image={c.image} does not exist: give a .sif file (or a sandbox "
+            "folder) on a file system the nodes share, or a docker:// or oras:// address"
+        )
+    if backend == Backend.local and not shutil.which("apptainer") and not dry_run:
+        raise ConfigError(
+            "cluster.container.runtime=apptainer, but `apptainer` is not on PATH: load it "
+            "(e.g. `module load apptainer`), or drop cluster.container.image"
+        )
+
+
+def check_factories(cfg: Config, trial: bool = True) -> None:
+    """A user's model or dataset factory is imported here first: a wrong name or path fails now,
+    not in a queued job. Imported from this process's path, which the job inherits; `trial`:
+    then tried on the CPU (`_try_workload`)."""
+    for key, value, built_in in (
+        ("model.name", cfg.model.name, MODELS),
+        ("data.dataset", cfg.data.dataset, DATASETS),
+    ):
+        if value not in built_in:
+            factories.check(key, value)
+    if trial and (cfg.model.name not in MODELS or cfg.data.dataset not in DATASETS):
+        _try_workload(cfg)
+
+
+def _try_workload(cfg: Config) -> None:
+    """A user's dataset and model tried on this machine's CPU, in a process of its own (the
+    launcher imports no torch): labels, shapes and the class count are one-line errors now,
+    not after the queue wait."""
+    values = to_dict(cfg)
+    # What the trial depends on: a sweep's points that differ only in other settings are tried once.
+    parts = [values["model"], values["data"], cfg.train.channels_last]
+    workload = json.dumps(parts, sort_keys=True)
+    if workload not in _TRIED:
+        passed = _passed_mark(cfg, parts)
+        remembered = _remembered(passed) if passed is not None else None
+        if remembered is not None:
+            log.debug("workload tried before, its factories unchanged: %s", passed)
+            _TRIED[workload] = remembered
+        else:
+            _TRIED[workload] = _trial_problem(cfg, values)
+            if not _TRIED[workload][0] and passed is not None:
+                _remember(passed, _TRIED[workload][1])
+    problem, samples = _TRIED[workload]
+    if problem:
+        raise ConfigError(problem)
+    if samples is not None:  # a user's dataset: its training split's size is known now
+        check_batch_fits_data(cfg, samples)
+
+
+# The workloads tried in this process: what each trial said ('' if it passed), and its
+# training split's size where it loaded a user's dataset.
+_TRIED: dict[str, tuple[str, int | None]] = {}
+
+
+def _passed_mark(cfg: Config, workload: list[Any]) -> Path | None:
+    """Where a trial that passed is remembered across launches (a file in the user's cache),
+    keyed by the workload's settings (not data.root: the trial reads no files) and the files of
+    the trial's code and of each factory's module as they are now. A change to one of those
+    files tries it again; a change in a module a factory imports is only caught by the job,
+    which checks the same. None where a factory's file cannot be told."""
+    trial = importlib.util.find_spec(WORKLOAD_MODULE)  # the trial's own code, found, not loaded
+    files = [_stamp(trial.origin)] if trial and trial.origin else []
+    for spec in (cfg.model.name, cfg.data.dataset):
+        if ":" in spec:
+            module = sys.modules.get(spec.partition(":")[0])  # imported by check_factories
+            source = getattr(module, "__file__", None)
+            if not source:
+                return None
+            files.append(_stamp(source))
+    model, data, channels_last = workload
+    data = {k: v for k, v in data.items() if k != "root"}
+    key = json.dumps([model, data, channels_last, files], sort_keys=True)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "slurm-ddp-kit" / "tried" / hashlib.sha256(key.encode()).hexdigest()
+
+
+def _stamp(path: str) -> list[Any]:
+    stat = os.stat(path)
+    return [path, stat.st_mtime_ns, stat.st_size]
+
+
+def _remembered(mark: Path) -> tuple[str, int | None] | None:
+    """A passed trial remembered in `mark` ('', its training split's size), or None: not tried
+    yet, remembered in a form this kit does not read, or in a file another user could have
+    planted (`core.userfiles`: a forged mark would skip the trial)."""
+    handle = userfiles.open_own(mark)
+    if handle is None:
+        return None
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError), handle:
+        samples = json.loads(handle.read())["train_samples"]
+        if samples is None or (isinstance(samples, int) and samples > 0):
+            return "", samples
+    return None
+
+
+def _remember(mark: Path, samples: int | None) -> None:
+    """Best effort: a cache that cannot be written only means the next launch tries again."""
+    try:
+        mark.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        userfiles.keep_private(mark.parent)
+        with runfolder.atomic_file(mark) as partial:  # replaces a planted link, never follows it
+            partial.chmod(0o600)
+            partial.write_text(json.dumps({"train_samples": samples}))
+    except OSError as err:
+        log.debug("cannot remember the trial in %s: %s", mark, err)
+
+
+def _trial_problem(cfg: Config, values: dict[str, Any]) -> tuple[str, int | None]:
+    """What the trial said: ('' if the workload passed, else the error line; the training
+    split's size where it loaded a user's dataset)."""
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: torch is only there
+    receive, send = context.Pipe(duplex=False)
+    trial = context.Process(target=_trial, args=(values, send), daemon=True)
+    trial.start()
+    send.close()
+    try:
+        if not receive.poll(WORKLOAD_CHECK_S):
+            raise ConfigError(
+                f"trying data.dataset={cfg.data.dataset} and model.name={cfg.model.name} on the "
+                f"CPU took over {WORKLOAD_CHECK_S} s: make the factories quicker to call"
+            )
+        problem, samples = receive.recv()
+    except EOFError:
+        trial.join()
+        problem = f"trying the workload on the CPU failed: its process ended ({trial.exitcode})"
+        samples = None
+    finally:
+        trial.kill()
+        trial.join()
+    return str(problem), samples
+
+
+WORKLOAD_CHECK_S = 600
+
+
+WORKLOAD_MODULE = (
+    "slurm_ddp_kit.train.workloads"  # imported by name in the trial's process, as JOB_MODULE is
+)
+
+
+def _trial(values: dict[str, Any], send: Any) -> None:
+    """In the trial's process: what `train.workloads.trial` says, sent back."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the check runs on the CPU, before torch starts
+    send.send(importlib.import_module(WORKLOAD_MODULE).trial(values))
