@@ -88,6 +88,8 @@ def test_the_wheel_carries_the_command_the_scripts_and_the_examples(tmp_path: Pa
     assert tops == {"slurm_ddp_kit", "launch", "train", "analysis"}, tops
     assert {"slurm_ddp_kit/sbatch/ddp.sbatch", "slurm_ddp_kit/examples/two-nodes.yaml",
             "slurm_ddp_kit/examples/ddp_script.py", "launch/__main__.py"} <= names  # fmt: skip
+    packages = {str(i.relative_to(REPO)) for i in (REPO / "slurm_ddp_kit").rglob("__init__.py")}
+    assert packages <= names, sorted(packages - names)  # pyproject.toml lists each package
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "slurm-ddp-kit = slurm_ddp_kit.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
     site = tmp_path / "site"
