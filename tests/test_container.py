@@ -147,6 +147,23 @@ def test_the_dry_run_shows_the_container_on_the_srun_line(tmp_path: Path) -> Non
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_programs_script_folder_and_working_folder_are_mounted(tmp_path: Path) -> None:
+    """A user's program whose script lies outside the kit's checkout: the script's folder and
+    the folder the job starts in are bound at the same paths; pyxis starts the task there."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "my_train.py").write_text("print('hello')\n")
+    for runtime in ("apptainer", "pyxis"):
+        settings = _container(tmp_path, f"cluster.container.runtime={runtime}")
+        done = kit("launch", "submit", "--mode", "ddp", "cluster.backend=slurm", *settings,
+                   "--dry-run", "--", "python", str(project / "my_train.py"))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        srun = next(line for line in done.stdout.splitlines() if line.startswith("srun "))
+        bound = f"{project}:{project}" if runtime == "pyxis" else str(project)
+        assert bound in srun and str(REPO) in srun, srun
+        assert (f"--container-workdir={REPO}" in srun) == (runtime == "pyxis"), srun
+
+
 def test_the_sbatch_scripts_get_the_same_words_from_prepare(tmp_path: Path) -> None:
     """`launch prepare --shell` hands the sbatch scripts srun's options and the task's command as
     bash arrays (empty where there is no container: the script runs its own $KIT_PYTHON)."""

@@ -172,6 +172,11 @@ def test_a_failed_program_run_resumes_and_a_sweep_gives_each_run_its_values(tmp_
             "the same way): give a path, or a command on PATH (e.g. `-- python my_train.py`)",
         ),
         (
+            ["--mode", "ddp", "--", "python", "-u", "no_such_script.py", "--epochs", "3"],
+            f"error: the program's script no_such_script.py is not a file in {REPO} (the job "
+            "starts the program from this folder): check its path",
+        ),
+        (
             ["--mode", "ddp", "program=[python]", "--", "python", "x.py"],
             "error: -- python x.py and program=[python] both set program: give one of them",
         ),

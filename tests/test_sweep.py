@@ -95,7 +95,7 @@ def test_a_local_sweep_runs_one_after_another_and_says_which_failed(tmp_path: Pa
     the other's timings); the failed one is named, the tally says it, exit 1."""
     tests = Path(__file__).parent
     done = kit(
-        "launch", "sweep", "--modes", "ddp", "--grid", "model.name=convnet,test_units:broken_model",
+        "launch", "sweep", "--modes", "ddp", "--grid", "model.name=convnet,test_sweep:broken_model",
         "cluster.backend=local", "cluster.gpus_per_node=1", *SMALL_NO_EPOCHS, "train.epochs=1",
         f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data", env={"PYTHONPATH": os.pathsep.join([str(tests), str(REPO)])},
     )  # fmt: skip
@@ -103,7 +103,7 @@ def test_a_local_sweep_runs_one_after_another_and_says_which_failed(tmp_path: Pa
     submitted = [line for line in done.stdout.splitlines() if line.startswith("submitted job ")]
     assert len(submitted) == 2  # each with its grid point
     assert "  mode=ddp model.name=convnet  run folder: " in submitted[0]
-    assert "  mode=ddp model.name=test_units:broken_model  run folder: " in submitted[1]
+    assert "  mode=ddp model.name=test_sweep:broken_model  run folder: " in submitted[1]
     lines = done.stdout.splitlines()  # then each completed run's result, and the tally
     first, second = (Path(line.split("run folder: ")[1]) for line in submitted)
     assert "name: convnet" in (first / "config.yaml").read_text()  # the grid's order

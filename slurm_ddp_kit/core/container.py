@@ -3,8 +3,8 @@
 Apptainer (or Singularity) wraps the task's command: `apptainer exec [--nv] --bind … IMAGE
 PYTHON …`. Pyxis is srun's own: `srun --container-image=IMAGE --container-mounts=… PYTHON …`.
 Either way the code the task needs (`code_folders`: the kit's checkout, the folders the user's
-factories are found in, the launching PYTHONPATH's folders), output.root and data.root are
-mounted at the same paths, and the task's PYTHONPATH names those code folders, so the image's
+factories are found in, the launching PYTHONPATH's folders; a program's script's folder and the
+working folder it starts in), output.root and data.root are mounted at the same paths, and the task's PYTHONPATH names those code folders, so the image's
 Python imports the kit and the user's code from them (the image brings torch, submitit,
 omegaconf and pandas). Both launch paths use these words: submitit's batch script, and the
 sbatch scripts through `launch prepare --shell`.
@@ -18,6 +18,7 @@ import shlex
 import sysconfig
 from pathlib import Path
 
+from slurm_ddp_kit.core.settings.loading import program_arguments
 from slurm_ddp_kit.core.settings.schema import Config, ConfigError, ContainerRuntime
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout the job's Python imports the kit from
@@ -28,9 +29,34 @@ def used(cfg: Config) -> bool:
 
 
 def mounts(cfg: Config) -> list[str]:
-    """Host paths the task sees at the same place (and the user's own, as given), once each."""
-    own = [*code_folders(cfg), _absolute(cfg.output.root), _absolute(cfg.data.root)]
+    """Host paths the task sees at the same place (and the user's own, as given), once each:
+    the code, the folder the job starts in (relative paths in the settings and a program's
+    arguments are read from it) and a program's script's folder, output.root and data.root."""
+    own = [*code_folders(cfg), *_program_folders(cfg)]
+    own += [_absolute(cfg.output.root), _absolute(cfg.data.root)]
     return list(dict.fromkeys([*own, *cfg.cluster.container.mounts]))
+
+
+def python_script(program: list[str]) -> str | None:
+    """The script a user's program runs where it is `python SCRIPT …` (options before it
+    passed over; `-m`/`-c` name no file): the file the job must find."""
+    command, *args = program or [""]
+    if not Path(command).name.startswith("python"):
+        return None
+    for at, word in enumerate(args):
+        if word in ("-m", "-c") or (word.startswith(("-m", "-c")) and len(word) > 2):
+            return None
+        if not word.startswith("-"):
+            return word if at == 0 or args[at - 1] not in ("-W", "-X") else None
+    return None
+
+
+def _program_folders(cfg: Config) -> list[str]:
+    """The working folder, and the folder of a program's script (which may lie elsewhere)."""
+    if not cfg.program:
+        return [str(Path.cwd())]
+    script = python_script(program_arguments(cfg))
+    return [str(Path.cwd()), *([_absolute(str(Path(script).parent))] if script else [])]
 
 
 def code_folders(cfg: Config) -> list[str]:
@@ -114,7 +140,7 @@ def srun_options(cfg: Config) -> list[str]:
     binds = ",".join(m if ":" in m else f"{m}:{m}" for m in mounts(cfg))
     return [
         f"--container-image={c.image}", f"--container-mounts={binds}",
-        "--container-env=PYTHONPATH", *c.options,
+        f"--container-workdir={Path.cwd()}", "--container-env=PYTHONPATH", *c.options,
     ]  # fmt: skip
 
 

@@ -23,7 +23,7 @@ from slurm_ddp_kit.core import (
     slurm,
     userfiles,
 )
-from slurm_ddp_kit.core.settings.loading import to_dict
+from slurm_ddp_kit.core.settings.loading import program_arguments, to_dict
 from slurm_ddp_kit.core.settings.rules import (
     check_batch_fits_data,
     check_hardware,
@@ -78,13 +78,21 @@ def check_submission(cfg: Config, dry_run: bool = False) -> Backend:
 
 def _check_program(cfg: Config) -> None:
     """The program's command must be found here as the job will look for it: a path, or a name
-    on PATH (the job inherits this environment)."""
-    command = cfg.program[0]
+    on PATH (the job inherits this environment and starts in this folder); so must the script
+    a Python is given (a typo found now, not after the queue wait)."""
+    words = program_arguments(cfg)
+    command = words[0]
     found = Path(command).is_file() if os.sep in command else shutil.which(command)
     if not found:
         raise ConfigError(
             f"the program `{command}` is not found here (the job looks for it the same way): give "
             "a path, or a command on PATH (e.g. `-- python my_train.py`)"
+        )
+    script = container.python_script(words)
+    if script is not None and not Path(script).is_file():
+        raise ConfigError(
+            f"the program's script {script} is not a file in {Path.cwd()} (the job starts the "
+            "program from this folder): check its path"
         )
 
 

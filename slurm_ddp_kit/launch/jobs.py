@@ -312,7 +312,7 @@ def local_job_alive(
     run_dir: Path, meta: dict[str, Any] | None = None, table: processes.Table | None = None
 ) -> bool:
     """Whether the run's local job runs: its controller, or a task of it (one whose controller
-    was killed). `meta`: run.json read before; `table`: `processes.task_table()` read before."""
+    was killed). `meta`: its metadata read before; `table`: `processes.task_table()` read before."""
     meta = runfolder.read_meta(run_dir) if meta is None else meta
     return _controller_alive(meta, run_dir) or bool(_tasks(run_dir, meta, table))
 
