@@ -167,16 +167,29 @@ def wait_job(job_id: str | int, timeout: float = 300, env: dict[str, str] | None
     """Wait until the job has ended and return its final sacct state (COMPLETED, FAILED,
     CANCELLED, TIMEOUT, ...). The default timeout allows for a loaded 2-core machine, where a
     training job's start alone can take half a minute. SLURM_CONF comes from `env` or else from
-    os.environ. Raises TimeoutError with the last state seen when the job has not ended in time."""
+    os.environ. Raises TimeoutError with the last state seen when the job has not ended in time.
+    squeue is asked while the job is queued or running (half the CPU of an sacct call, which
+    also wakes slurmdbd and MariaDB), sacct once it has left the queue."""
     deadline = time.monotonic() + timeout
     state = None
     while True:
-        state = job_state(job_id, env)
-        if state in FINAL_STATES:
-            return state
+        if not _queued(job_id, env):
+            state = job_state(job_id, env)
+            if state in FINAL_STATES:
+                return state
         if time.monotonic() > deadline:
-            raise TimeoutError(f"job {job_id} still {state or 'unknown'} after {timeout} s")
+            raise TimeoutError(f"job {job_id} still {state or 'queued'} after {timeout} s")
         time.sleep(0.2)
+
+
+def _queued(job_id: str | int, env: dict[str, str] | None) -> bool:
+    """Whether squeue still lists the job (pending, running, completing); a failed squeue says
+    nothing, so the caller asks sacct."""
+    done = subprocess.run(
+        ["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
+        timeout=30, env={**os.environ, **(env or {})}, check=False,
+    )  # fmt: skip
+    return done.returncode == 0 and bool(done.stdout.strip())
 
 
 def wait_job_releasing_holds(
