@@ -67,6 +67,25 @@ def add_command(
     return sub
 
 
+def command_adder(
+    commands: Any,
+    examples: dict[str, list[str]],
+    settings: Callable[[argparse.ArgumentParser], None],
+) -> Callable[..., argparse.ArgumentParser]:
+    """`command(name, func, text, config=False)` for one parser's subcommands: each with its
+    examples, and with `settings(sub)` (--config FILE and key=value words) where `config`."""
+
+    def command(
+        name: str, func: object, text: str, config: bool = False
+    ) -> argparse.ArgumentParser:
+        sub = add_command(commands, name, func, text, examples[name])
+        if config:
+            settings(sub)
+        return sub
+
+    return command
+
+
 def version() -> str:
     try:
         return metadata.version(DISTRIBUTION)

@@ -18,8 +18,8 @@ from slurm_ddp_kit.core.cli import (
     ArgumentParser,
     HeldSignals,
     Interrupted,
-    add_command,
     add_common_flags,
+    command_adder,
     exit_status,
     interrupt_on,
     printable,
@@ -96,14 +96,7 @@ def _parser(prog: str = "python -m launch") -> argparse.ArgumentParser:
     add_common_flags(parser)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
-    def command(
-        name: str, func: object, text: str, config: bool = False
-    ) -> argparse.ArgumentParser:
-        sub = add_command(commands, name, func, text, EXAMPLES[name])
-        if config:
-            _add_config_arguments(sub)
-        return sub
-
+    command = command_adder(commands, EXAMPLES, _add_config_arguments)
     command("config", _config, "print the resolved config as YAML", config=True)
     submit = command(
         "submit", _submit, "create a run folder and submit the training job", config=True

@@ -16,8 +16,8 @@ from pathlib import Path
 from slurm_ddp_kit.core.cli import (
     CONFIG_HELP,
     ArgumentParser,
-    add_command,
     add_common_flags,
+    command_adder,
     main_of,
 )
 
@@ -40,22 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     add_common_flags(parser)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
-    def command(
-        name: str, func: object, text: str, config: bool = False
-    ) -> argparse.ArgumentParser:
-        sub = add_command(commands, name, func, text, EXAMPLES[name])
-        if config:
-            sub.add_argument(
-                "--config",
-                dest="config_files",
-                action="append",
-                default=[],
-                metavar="FILE",
-                help=CONFIG_HELP,
-            )
-            sub.add_argument("overrides", nargs="*", metavar="key=value")
-        return sub
-
+    command = command_adder(commands, EXAMPLES, _add_settings)
     run = command("run", _run, "train into RUN_DIR (start one process per task with srun)")
     run.add_argument(
         "run_dir", type=Path, help="a run folder made by `python -m launch prepare` or `submit`"
@@ -70,6 +55,14 @@ def _parser() -> argparse.ArgumentParser:
     fetch = command("fetch-mnist", _fetch, "download real MNIST (needs internet)")
     fetch.add_argument("--root", type=Path, default=Path("data"), help="data.root of the runs")
     return parser
+
+
+def _add_settings(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", dest="config_files", action="append", default=[], metavar="FILE",
+        help=CONFIG_HELP,
+    )  # fmt: skip
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
 
 
 def _run(args: argparse.Namespace) -> int:
