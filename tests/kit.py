@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -85,6 +86,25 @@ def _flag_value(words: list[str], at: int) -> bool:
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": path, **(extra or {})}
+
+
+def submit_without_pipes(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`launch submit` without --wait, its output in a file: submitit's local controller inherits
+    the submitting process's stdout and stderr, so through kit()'s pipes the call would last as
+    long as the job."""
+    log = tmp / "submit.log"
+    with log.open("w") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "launch", "submit", *args],
+            cwd=REPO,
+            env=_env(None),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=120,
+            # As a script's `launch submit … &` starts: with SIGINT ignored.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
+    return subprocess.CompletedProcess(done.args, done.returncode, log.read_text(), "")
 
 
 def kit_here(

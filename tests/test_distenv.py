@@ -17,12 +17,14 @@ from slurm_ddp_kit.train.distenv import (
     PICK_PORT,
     DistEnv,
     DistEnvError,
+    LaunchError,
+    check_launch,
     detect,
     first_host,
     port_for_job,
     tasks_on_node,
 )
-from slurm_ddp_kit.train.job import LaunchError, _rendezvous, check_launch
+from slurm_ddp_kit.train.job import _rendezvous
 
 # What a real `srun -N2 -n4` sets for its third task (node 1, local rank 0).
 SRUN_TASK_2 = {

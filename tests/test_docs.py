@@ -14,8 +14,9 @@ next; a trailing `# comment` is dropped; `;`, `&&` and `||` separate commands; l
 - `python -m analysis …`, `python -m train …`: their parser takes every word; train's settings
   resolve as above.
 - `python -m pytest PATH …`: every path exists.
-- `sbatch [OPTION …] slurm/X.sbatch [WORD …]`: the script exists, and the words after it resolve as
-  the script's own `launch prepare --mode M` would take them.
+- `sbatch [OPTION …] slurm/X.sbatch [WORD …] [-- python SCRIPT …]`: the script exists, and the
+  words after it resolve as the script's own `launch prepare --mode M` would take them; a program
+  after `--` (here and in `python -m launch`) runs a script of the repository's.
 - `make [TARGET] [NAME=value …]`: the target is one of the Makefile's.
 - `bash SCRIPT …`, `path/to/SCRIPT …`: the script exists. Of `NAME=$(command)`, the command.
 - `export NAME=value`, `source .venv/bin/activate` (what `make install` makes): nothing to run.
@@ -162,13 +163,7 @@ def _check_kit(module: str, args: list[str], where: str) -> None:
         "launch": "slurm_ddp_kit.launch.cli", "analysis": "slurm_ddp_kit.analysis.__main__",
         "train": "slurm_ddp_kit.train.__main__",
     }[module])._parser()  # fmt: skip
-    program: list[str] = []
-    if module == "launch" and "--" in args:  # a user's program after `--`, as launch's main
-        args, program = args[: args.index("--")], args[args.index("--") + 1 :]
-        script = next((w for w in program if w.endswith(".py")), None)
-        assert program[0] == "python" and script and (REPO / script).is_file(), (
-            f"{where}: the program {program} names no script of the repository"
-        )
+    args, program = _program_apart(args, where) if module == "launch" else (args, [])
     try:
         parsed, extra = parser.parse_known_args(args)
     except SystemExit as end:  # --version and --help end here with 0
@@ -184,6 +179,19 @@ def _check_kit(module: str, args: list[str], where: str) -> None:
         assert fmt in ("markdown", "csv", "json"), f"{where}: --format {fmt}"
     if hasattr(parsed, "overrides"):  # config, submit, sweep, prepare; train's data commands
         _resolve(parsed, where, ("--", *program) if program else ())
+
+
+def _program_apart(args: list[str], where: str) -> tuple[list[str], list[str]]:
+    """The kit's words, and a user's program after `--` (as launch's main splits them), which
+    must run a script of the repository's."""
+    if "--" not in args:
+        return args, []
+    args, program = args[: args.index("--")], args[args.index("--") + 1 :]
+    script = next((w for w in program if w.endswith(".py")), None)
+    assert program[:1] == ["python"] and script and (REPO / script).is_file(), (
+        f"{where}: the program {program} names no script of the repository"
+    )
+    return args, program
 
 
 def _resolve(parsed: argparse.Namespace, where: str, extra: tuple[str, ...] = ()) -> None:
@@ -209,7 +217,7 @@ def _check_sbatch(args: list[str], where: str) -> None:
     assert script and (REPO / script).is_file(), f"{where}: no batch script in {args}"
     mode = re.search(r"launch prepare --shell --mode (\w+)", (REPO / script).read_text())
     assert mode, f"{script}: no `launch prepare --mode` line"
-    words = args[args.index(script) + 1 :]
+    words, program = _program_apart(args[args.index(script) + 1 :], where)
     from slurm_ddp_kit.launch import cli
 
     parsed, extra = cli._parser().parse_known_args(
@@ -217,7 +225,7 @@ def _check_sbatch(args: list[str], where: str) -> None:
     )
     assert not [e for e in extra if e.startswith("-")], f"{where}: the script does not take {extra}"
     parsed.overrides = [*parsed.overrides, *extra]
-    _resolve(parsed, where, ("cluster.backend=slurm",))
+    _resolve(parsed, where, ("cluster.backend=slurm", *(("--", *program) if program else ())))
 
 
 def _make_targets() -> set[str]:

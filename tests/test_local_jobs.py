@@ -6,13 +6,12 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from kit import REPO, SMALL, alive, kit, load_split, records, run_folder, wait_for
+from kit import SMALL, alive, kit, load_split, records, run_folder, submit_without_pipes, wait_for
 from paced import LASTING
 
 from slurm_ddp_kit.core import strategies
@@ -45,33 +44,9 @@ def _stop(pids: list[int]) -> None:
             return
 
 
-def _submit_without_pipes(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`launch submit` without --wait, its output in a file: submitit's local controller inherits
-    the submitting process's stdout and stderr, so through kit()'s pipes the call would last as
-    long as the job."""
-    log = tmp / "submit.log"
-    with log.open("w") as out:
-        done = subprocess.run(
-            [sys.executable, "-m", "launch", "submit", *args],
-            cwd=REPO,
-            env={
-                **os.environ,
-                "PYTHONPATH": os.pathsep.join(
-                    filter(None, [str(REPO), os.environ.get("PYTHONPATH")])
-                ),
-            },
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=120,
-            # As a script's `launch submit … &` starts: with SIGINT ignored.
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-        )
-    return subprocess.CompletedProcess(done.args, done.returncode, log.read_text(), "")
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_local_cancel_ends_a_running_job(tmp_path: Path) -> None:
-    done = _submit_without_pipes(
+    done = submit_without_pipes(
         tmp_path,
         "--mode",
         "ddp",

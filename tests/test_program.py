@@ -1,16 +1,31 @@
-"""A user's own program launched by the kit (`launch submit … -- python my_train.py ARGS`): each
-task gets its place in the job, the program's records and failures are reported as the kit's own
-loop's are, and a program that saves on a stop is requeued and goes on."""
+"""A user's own program launched by the kit (`launch submit … -- python my_train.py ARGS`, or
+`sbatch slurm/ddp.sbatch … -- python my_train.py ARGS`): each task gets its place in the job, the
+program's records and failures are reported as the kit's own loop's are, and a program that saves
+on a stop is requeued and goes on."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from kit import REPO, in_project, kit, project, records, run_folder
+from kit import (
+    REPO,
+    alive,
+    in_project,
+    kit,
+    kit_here,
+    project,
+    records,
+    run_folder,
+    submit_without_pipes,
+    wait_for,
+)
 from slurm_cluster import SlurmCluster
 
 EXAMPLE = str(REPO / "docs" / "examples" / "ddp_script.py")
@@ -222,3 +237,155 @@ def test_a_program_on_two_slurm_nodes_is_stopped_requeued_and_goes_on(
     epochs = [r["fields"]["epoch"] for r in records(folder) if r["kind"] == "log"]
     assert epochs[-1] == 12 and sorted(set(epochs)) == list(range(1, 13)), epochs
     assert "started again (requeued or resumed)" in done.stdout
+
+
+def test_train_run_of_a_program_run_runs_the_program_without_torch(tmp_path: Path) -> None:
+    """`python -m train run RUN_DIR`, what the sbatch scripts start in each task, on a run folder
+    whose config names a program (`launch prepare … -- PROGRAM`): the task runs the program, not
+    the kit's loop, and never imports torch."""
+    program = [sys.executable, "-c", "print('program ran')"]
+    prepared = kit(
+        "launch", "prepare", "--mode", "ddp", "cluster.gpus_per_node=1",
+        f"output.root={tmp_path}/runs", "--", *program,
+    )  # fmt: skip
+    assert prepared.returncode == 0, prepared.stderr
+    run_dir = Path(prepared.stdout.strip())
+    task = (
+        "import sys\nfrom slurm_ddp_kit.train.__main__ import main\n"
+        f"code = main(['run', {str(run_dir)!r}])\nprint('torch' in sys.modules, code)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", task], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.stdout.splitlines() == ["program ran", "False 0"], done.stdout + done.stderr
+    start, summary = records(run_dir)
+    assert (start["task"], start["program"]) == ("program", program)
+    assert (summary["kind"], summary["exit_code"]) == ("summary", 0)
+
+
+@pytest.mark.parametrize(
+    ("words", "message"),
+    [
+        (
+            ["--"],
+            "error: nothing follows `--`: give the program to run, e.g. `-- python my_train.py "
+            "--epochs 3` (see the usage lines at the top of slurm/ddp.sbatch)",
+        ),
+        (
+            ["--", "no-such-command-here"],
+            "error: the program `no-such-command-here` is not found here (the job looks for it "
+            "the same way): give a path, or a command on PATH (e.g. `-- python my_train.py`)",
+        ),
+        (
+            ["python", "my_train.py"],
+            "error: override 'python' is not of the form key=value, e.g. train.epochs=3 (a "
+            "program to run goes after `--`: `-- python my_train.py`)",
+        ),
+    ],
+)
+def test_a_program_the_sbatch_scripts_pass_on_is_refused_in_one_line(
+    tmp_path: Path, words: list[str], message: str
+) -> None:
+    """What `sbatch slurm/ddp.sbatch WORDS` hands its `launch prepare`: one line, no run folder."""
+    done = kit_here(
+        "launch", "prepare", "--shell", "--mode", "ddp", "cluster.backend=slurm",
+        f"output.root={tmp_path}/runs", *words,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stderr.splitlines() == [message], done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def _descendants(pid: int) -> list[int]:
+    """The live processes below `pid`: a local job's tasks and the programs they run."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            found += [int(child), *_descendants(int(child))]
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_cancel_ends_a_running_program_run(tmp_path: Path) -> None:
+    """`launch cancel` of a local program run in its first epochs: the job's controller, its
+    tasks and the programs they run all end, the program writes no summary, and `status` says
+    CANCELLED."""
+    done = submit_without_pipes(
+        tmp_path, "--mode", "ddp", "cluster.backend=local", "cluster.gpus_per_node=2",
+        f"output.root={tmp_path}/runs", "--", sys.executable, EXAMPLE, "--epochs", "50",
+        "--pause", "0.2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout
+    run_dir = run_folder(done.stdout)
+    controller = int(json.loads((run_dir / "run.json").read_text())["job_id"])
+    started: list[int] = []
+    try:
+        logged = lambda: any(r["kind"] == "log" for r in records(run_dir))  # noqa: E731
+        assert wait_for(lambda: (run_dir / "metrics" / "rank-00000.jsonl").is_file(), 60)
+        assert wait_for(logged, 120), "the program never logged an epoch"
+        started = _descendants(controller)
+        assert len(started) >= 4, started  # two tasks, each running the program
+        assert " RUNNING " in kit("launch", "status", str(run_dir)).stdout
+
+        cancelled = kit("launch", "cancel", str(run_dir))
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert cancelled.stdout.strip() == f"{run_dir.name}: cancelled local job {controller}"
+        gone = lambda: not any(alive(pid) for pid in [controller, *started])  # noqa: E731
+        assert wait_for(gone, 30), [pid for pid in started if alive(pid)]
+        status = kit("launch", "status", str(run_dir))
+        assert " CANCELLED " in status.stdout, status.stdout
+        assert all(r["kind"] != "summary" for rank in (0, 1) for r in records(run_dir, rank))
+    finally:
+        for pid in [controller, *started]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slurm
+def test_the_sbatch_script_runs_a_users_program(
+    slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sbatch slurm/ddp.sbatch SETTINGS -- python docs/examples/ddp_script.py --epochs 2` from the
+    repository, the kit's environment active: each of the job's two tasks runs the program (not
+    the kit's loop), its epochs are in the run folder's records, and `launch status` says
+    COMPLETED. `--` with nothing after it ends the job in one line."""
+    monkeypatch.setenv("KIT_PYTHON", sys.executable)  # sbatch passes the environment on
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    # `python` is the environment's, as where a user activated it.
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    program = ["python", "docs/examples/ddp_script.py", "--epochs", "2"]
+    state, out = _sbatch_script(slurm_cluster, tmp_path, "--", *program)
+    assert state == "COMPLETED", out
+    run_dir = Path(out.split("run folder: ")[1].split()[0])
+    assert json.loads((run_dir / "run.json").read_text())["launcher"] == "sbatch"
+    for rank in (0, 1):
+        start, *logs, summary = records(run_dir, rank)
+        assert (start["kind"], start["task"], start["source"]) == ("start", "program", "slurm")
+        assert (start["rank"], start["world_size"], start["program"]) == (rank, 2, program)
+        assert [r["fields"]["epoch"] for r in logs] == [1, 2], logs
+        assert (summary["kind"], summary["exit_code"]) == ("summary", 0)
+    assert (run_dir / "checkpoints" / "program" / "last.pt").is_file()
+    status = kit("launch", "status", str(run_dir), env=slurm_cluster.env)
+    assert status.returncode == 0 and " COMPLETED " in status.stdout, status.stdout
+
+    state, out = _sbatch_script(slurm_cluster, tmp_path / "bad", "--")
+    assert state == "FAILED", out
+    assert out.splitlines() == [
+        "error: nothing follows `--`: give the program to run, e.g. `-- python my_train.py "
+        "--epochs 3` (see the usage lines at the top of slurm/ddp.sbatch)"
+    ], out
+    assert not (tmp_path / "bad" / "runs").exists()
+
+
+def _sbatch_script(cluster: SlurmCluster, tmp: Path, *words: str) -> tuple[str, str]:
+    """slurm/ddp.sbatch on two tasks of one node, one CPU each, submitted from the repository and
+    waited for: the job's final state and its Slurm log."""
+    tmp.mkdir(exist_ok=True)
+    done = cluster.run(
+        "sbatch", "--parsable", "--wait", "--cpus-per-task=1", "--ntasks-per-node=2",
+        "--gpus-per-node=2", f"--output={tmp}/slurm-%j.out", "slurm/ddp.sbatch",
+        f"output.root={tmp}/runs", *words, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    job_id = done.stdout.strip().split(";")[0]
+    assert job_id, done.stderr
+    return cluster.wait_job(job_id), (tmp / f"slurm-{job_id}.out").read_text()

@@ -66,14 +66,21 @@ def check_submission(cfg: Config, dry_run: bool = False) -> Backend:
     runfolder.check_root(cfg.output.root)
     _check_container(cfg, backend, dry_run)
     _check_requeue(cfg, backend, dry_run)
-    if cfg.program:  # the program brings its own data and model
-        _check_program(cfg)
-    else:
-        datafiles.check_data(cfg)
-        check_factories(cfg)
+    check_inputs(cfg)
     if backend == Backend.local:
         check_hardware(cfg, local_gpus(), tasks_per_node(cfg))
     return backend
+
+
+def check_inputs(cfg: Config, trial: bool = True) -> None:
+    """What a new run's job will start from: the user's program, found here; else the kit's
+    data and factories (`trial`: the factories also tried on the CPU). A program brings its own
+    data and model, so the kit's are not looked at."""
+    if cfg.program:
+        _check_program(cfg)
+    else:
+        datafiles.check_data(cfg)
+        check_factories(cfg, trial=trial)
 
 
 def _check_program(cfg: Config) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from slurm_ddp_kit.core import container, datafiles, processes, runfolder, slurm, strategies
+from slurm_ddp_kit.core import container, processes, runfolder, slurm, strategies
 from slurm_ddp_kit.core.cli import (
     CONFIG_HELP,
     ENDING,
@@ -77,15 +77,20 @@ _ALSO = {"slurm-ddp-kit": "also: slurm-ddp-kit summarize [RUN_DIR …]: the comp
          "finished runs (`slurm-ddp-kit summarize --help`)"}  # fmt: skip
 
 
+_SBATCH_USAGE = "the usage lines at the top of slurm/ddp.sbatch"
+
+
 def _program_apart(argv: list[str]) -> tuple[list[str], list[str]]:
     """The kit's words, and the user's program after the first `--` (none: the kit's loop)."""
     if "--" not in argv:
         return argv, []
     at = argv.index("--")
     if at == len(argv) - 1:
+        # `prepare` is what the sbatch scripts run: their user typed `sbatch … --`.
+        see = _SBATCH_USAGE if "prepare" in argv[:at] else "`python -m launch submit --help`"
         sys.stderr.write(
             "error: nothing follows `--`: give the program to run, e.g. "
-            "`-- python my_train.py --epochs 3` (see `python -m launch submit --help`)\n"
+            f"`-- python my_train.py --epochs 3` (see {see})\n"
         )
         raise SystemExit(EXIT_USAGE)
     return argv[:at], argv[at + 1 :]
@@ -296,10 +301,11 @@ def _prepare(args: argparse.Namespace) -> int:
     restarted = os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0")
     run_dir = runfolder.find_for_job(root, job_id) if restarted and job_id else None
     if run_dir is None:
-        from slurm_ddp_kit.launch.checks import check_factories
+        from slurm_ddp_kit.launch.checks import check_inputs
 
-        datafiles.check_data(cfg)  # what `launch submit` asks of a run's data and factories:
-        check_factories(cfg, trial=False)  # a new one is made here (the job tries the workload)
+        # What `launch submit` asks of a new run: its program found here, or its data and
+        # factories (the job tries the workload itself).
+        check_inputs(cfg, trial=False)
         run_dir = runfolder.create(cfg, launcher=args.launcher, backend="slurm", command=sys.argv)
         runfolder.update_meta(run_dir, job_id=job_id)
     if args.shell:  # the paths, then the task's command (inside the container, if one is set)

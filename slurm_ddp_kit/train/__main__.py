@@ -10,8 +10,9 @@ if "run" in sys.argv[1:]:  # a job's process: its warning or preemption may come
     early.hold()
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from slurm_ddp_kit.core.cli import (
     CONFIG_HELP,
@@ -41,7 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     command = command_adder(commands, EXAMPLES, _add_settings)
-    run = command("run", _run, "train into RUN_DIR (start one process per task with srun)")
+    run = command(
+        "run", _run, "train into RUN_DIR, or run its program (one process per task, with srun)"
+    )
     run.add_argument(
         "run_dir", type=Path, help="a run folder made by `python -m launch prepare` or `submit`"
     )
@@ -67,15 +70,29 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from slurm_ddp_kit.train import early
-    from slurm_ddp_kit.train.job import run
 
     try:
-        summary = run(str(args.run_dir))
+        summary = _task_of(args.run_dir)(str(args.run_dir))
     finally:
         early.end_leftovers()  # nothing this task started outlives it
     if "final_test_accuracy" in summary:
         print(f"rank {summary['rank']}: test accuracy {summary['final_test_accuracy']:.2%}")
     return 0
+
+
+def _task_of(run_dir: Path) -> Callable[[str], dict[str, Any]]:
+    """What this task runs, by the run's config: the user's program where it names one
+    (`launch prepare … -- PROGRAM`, as the sbatch scripts pass it on), else the kit's loop. Chosen
+    before the loop is imported, so that a program's task never pays for importing torch."""
+    from slurm_ddp_kit.core import runfolder
+
+    if runfolder.load_job_config(run_dir).program:
+        from slurm_ddp_kit.train import program
+
+        return program.run
+    from slurm_ddp_kit.train import job
+
+    return job.run
 
 
 def _prepare(args: argparse.Namespace) -> int:

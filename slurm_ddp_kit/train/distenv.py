@@ -1,4 +1,5 @@
-"""Where a process learns its place in the job: one table of environment sources, one function.
+"""Where a process learns its place in the job: one table of environment sources, one function;
+and the check that the job started as many processes as its config asks (`check_launch`).
 
 Sources, first match wins:
 - torchrun     RANK/LOCAL_RANK/WORLD_SIZE/... set by torch.distributed.run
@@ -15,8 +16,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from slurm_ddp_kit.core import slurm
+from slurm_ddp_kit.core import slurm, strategies
 from slurm_ddp_kit.core.errors import KitError
+from slurm_ddp_kit.core.settings.rules import world_size
+from slurm_ddp_kit.core.settings.schema import Config
 
 # Variable names per environment-variable source; submitit is read through its own JobEnvironment.
 SOURCES: dict[str, dict[str, str]] = {
@@ -44,6 +47,10 @@ SOURCES: dict[str, dict[str, str]] = {
 
 class DistEnvError(KitError):
     """The job was started in a way that cannot give each process a consistent place."""
+
+
+class LaunchError(KitError):
+    """The processes of the job do not match its config; the message names the fix."""
 
 
 @dataclass(frozen=True)
@@ -239,3 +246,26 @@ def _single(env: Mapping[str, str]) -> dict[str, Any]:
         "master_port": PICK_PORT,  # a process id may be a Slurm job's id on this machine
         "job_id": env.get("SLURM_JOB_ID", "local"),
     }
+
+
+def check_launch(cfg: Config, env: DistEnv, environ: dict[str, str] | None = None) -> None:
+    """Refuse a job whose process count disagrees with the config, naming the fix."""
+    environ = dict(os.environ) if environ is None else environ
+    expected = world_size(cfg)
+    if env.world_size == expected:
+        return
+    if env.source == "single" and int(environ.get("SLURM_NTASKS", "1")) > 1:
+        raise LaunchError(
+            f"this job has {environ['SLURM_NTASKS']} Slurm tasks but the script started python "
+            "without srun, so only one process runs: start it as `srun python -m train run RUN_DIR`"
+        )
+    if not strategies.of(cfg).per_gpu:
+        raise LaunchError(
+            f"DataParallel drives all GPUs from one process, but {env.world_size} were started: "
+            "run one task (slurm/dp.sbatch, --ntasks-per-node=1) or use --mode ddp"
+        )
+    raise LaunchError(
+        f"--mode {cfg.mode} expects cluster.nodes × cluster.gpus_per_node = {cfg.cluster.nodes} × "
+        f"{cfg.cluster.gpus_per_node} = {expected} processes, but {env.world_size} were started: "
+        f"start {expected} tasks (one per GPU) or set cluster.gpus_per_node to the GPUs per node"
+    )

@@ -27,10 +27,11 @@ import torch.distributed as dist
 from slurm_ddp_kit.core import placement, processes, runfolder, strategies
 from slurm_ddp_kit.core.cli import VERBOSE, setup_logging
 from slurm_ddp_kit.core.errors import KitError
-from slurm_ddp_kit.core.settings.rules import check_hardware, cpus_per_task, world_size
+from slurm_ddp_kit.core.settings.rules import check_hardware, cpus_per_task
 from slurm_ddp_kit.core.settings.schema import Config, Task
 from slurm_ddp_kit.train import distenv, early, loop, stopping
-from slurm_ddp_kit.train.process import Context, LaunchError, Stopped, dist_backend
+from slurm_ddp_kit.train.distenv import check_launch
+from slurm_ddp_kit.train.process import Context, Stopped, dist_backend
 from slurm_ddp_kit.train.timing import process_start_time
 
 log = logging.getLogger("train")
@@ -158,29 +159,6 @@ def _end_silent_peers(run_dir: Path, rank: int) -> None:
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-
-
-def check_launch(cfg: Config, env: distenv.DistEnv, environ: dict[str, str] | None = None) -> None:
-    """Refuse a job whose process count disagrees with the config, naming the fix."""
-    environ = dict(os.environ) if environ is None else environ
-    expected = world_size(cfg)
-    if env.world_size == expected:
-        return
-    if env.source == "single" and int(environ.get("SLURM_NTASKS", "1")) > 1:
-        raise LaunchError(
-            f"this job has {environ['SLURM_NTASKS']} Slurm tasks but the script started python "
-            "without srun, so only one process runs: start it as `srun python -m train run RUN_DIR`"
-        )
-    if not strategies.of(cfg).per_gpu:
-        raise LaunchError(
-            f"DataParallel drives all GPUs from one process, but {env.world_size} were started: "
-            "run one task (slurm/dp.sbatch, --ntasks-per-node=1) or use --mode ddp"
-        )
-    raise LaunchError(
-        f"--mode {cfg.mode} expects cluster.nodes × cluster.gpus_per_node = {cfg.cluster.nodes} × "
-        f"{cfg.cluster.gpus_per_node} = {expected} processes, but {env.world_size} were started: "
-        f"start {expected} tasks (one per GPU) or set cluster.gpus_per_node to the GPUs per node"
-    )
 
 
 def _setup(

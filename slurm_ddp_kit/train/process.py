@@ -19,17 +19,13 @@ import torch
 import torch.distributed as dist
 
 from slurm_ddp_kit.core import runfolder
-from slurm_ddp_kit.core.errors import KitError
 from slurm_ddp_kit.core.settings.rules import per_rank_batch
 from slurm_ddp_kit.core.settings.schema import Config
 from slurm_ddp_kit.train import distenv
+from slurm_ddp_kit.train.distenv import LaunchError
 
 if typing.TYPE_CHECKING:
     from slurm_ddp_kit.train import stopping, workloads
-
-
-class LaunchError(KitError):
-    """The processes of the job do not match its config; the message names the fix."""
 
 
 class Stopped(LaunchError):

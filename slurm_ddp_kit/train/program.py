@@ -1,4 +1,5 @@
-"""A user's program as each task of a job (`launch submit … -- python my_train.py ARGS`).
+"""A user's program as each task of a job (`launch submit … -- python my_train.py ARGS`, or
+`sbatch slurm/ddp.sbatch … -- python my_train.py ARGS`, whose tasks run `python -m train run`).
 
 The task's start (this module, in the process submitit or srun started) gives the program what the
 kit's own loop gets: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT
@@ -32,7 +33,6 @@ from typing import Any
 from slurm_ddp_kit.core import placement, runfolder, slurm
 from slurm_ddp_kit.core.errors import KitError
 from slurm_ddp_kit.core.settings.loading import program_arguments
-from slurm_ddp_kit.core.settings.rules import world_size
 from slurm_ddp_kit.core.settings.schema import Config
 from slurm_ddp_kit.train import distenv, early
 
@@ -46,16 +46,14 @@ class ProgramError(KitError):
 
 
 def run(run_dir: str) -> dict[str, Any]:
-    """The entry point submitted for a program run (`launch.executor.ProgramRun`)."""
+    """What each task of a program run runs: submitted by `launch submit`
+    (`launch.executor.ProgramRun`), or started by srun in the sbatch scripts (`python -m train
+    run`)."""
     started = time.time()
     folder = Path(run_dir)
     cfg = runfolder.load_job_config(folder)
     env = distenv.detect(port=cfg.dist.port)
-    if env.world_size != world_size(cfg):
-        raise ProgramError(
-            f"--mode {cfg.mode} expects {world_size(cfg)} task(s), but {env.world_size} were "
-            "started: start the job with `python -m launch submit`"
-        )
+    distenv.check_launch(cfg, env)  # the kit's loop's check: a task count that names its fix
     env = _with_port(env, folder)
     before = early.hold()  # submitit's own handlers, if it installed any: its requeue
     records = runfolder.RecordWriter(folder, env.rank)

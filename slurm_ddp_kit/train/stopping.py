@@ -27,7 +27,8 @@ import torch.distributed as dist
 from slurm_ddp_kit.core import runfolder, slurm
 from slurm_ddp_kit.core.errors import KitError
 from slurm_ddp_kit.train import checkpoint, early
-from slurm_ddp_kit.train.process import Context, LaunchError, Stopped
+from slurm_ddp_kit.train.distenv import LaunchError
+from slurm_ddp_kit.train.process import Context, Stopped
 
 if TYPE_CHECKING:
     from torch import nn

@@ -281,8 +281,10 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not all(key.split(".")):  # no key, or an empty part: `train..epochs`
+            # A bare word may be a program's, given without the `--` that sets it apart.
+            program = "" if sep else " (a program to run goes after `--`: `-- python my_train.py`)"
             raise ConfigError(
-                f"override {item!r} is not of the form key=value, e.g. train.epochs=3"
+                f"override {item!r} is not of the form key=value, e.g. train.epochs=3{program}"
             )
         if "[" in key or "]" in key:  # OmegaConf's indexed keys: one item of a list
             whole = key.split("[")[0]
