@@ -72,8 +72,9 @@ def resume_from() -> Path | None:
 
 def log(**fields: Any) -> None:
     """Append one record to this rank's records in the run folder: plain JSON values (numbers,
-    text, lists, mappings); `epoch`, `step`, `loss`, `accuracy` are shown by `--wait` and the
-    table. Nothing without the kit."""
+    text, lists, mappings); `--wait` shows each. `analysis summarize` reads `epoch` (a whole
+    number: seconds per epoch), `test_accuracy` else `accuracy`, and `test_loss` else `loss`.
+    Nothing without the kit."""
     path = os.environ.get(RECORDS)
     if not path:
         return

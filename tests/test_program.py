@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import reprlib
+import shutil
 import signal
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -58,31 +62,45 @@ def _place(tmp_path: Path) -> list[str]:
     return [sys.executable, str(script)]
 
 
-def test_a_users_ddp_script_trains_and_its_records_are_shown(tmp_path: Path) -> None:
+Made = dict[str, tuple[Path, subprocess.CompletedProcess[str]]]
+
+
+@pytest.fixture(scope="module")
+def example_runs(tmp_path_factory: pytest.TempPathFactory) -> Made:
+    """The example script, 3 epochs, under --mode dp and --mode ddp on 2 local "GPUs": each run's
+    folder and what `--wait` printed. Made once: several tests read them."""
+    tmp = tmp_path_factory.mktemp("example")
+    made = {}
+    for mode in ("dp", "ddp"):
+        done = _submit(
+            tmp, "--mode", mode, "cluster.backend=local", "cluster.gpus_per_node=2",
+            program=[sys.executable, EXAMPLE, "--epochs", "3"],
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        made[mode] = (run_folder(done.stdout), done)
+    return made
+
+
+def test_a_users_ddp_script_trains_and_its_records_are_shown(example_runs: Made) -> None:
     """The example script (its own model, loss, DataLoader and schedule) on two local ranks:
     `--wait` shows what it logged and its end; every rank starts, logs and ends; its checkpoint
     is in the run folder."""
-    done = _submit(
-        tmp_path, "--mode", "ddp", "cluster.backend=local", "cluster.gpus_per_node=2",
-        program=[sys.executable, EXAMPLE, "--epochs", "2"],
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
+    folder, done = example_runs["ddp"]
     lines = done.stdout.splitlines()
-    assert f"2 rank(s) started `{sys.executable} {EXAMPLE} --epochs 2`" in lines
+    assert f"2 rank(s) started `{sys.executable} {EXAMPLE} --epochs 3`" in lines
     logged = [line for line in lines if line.startswith("epoch ")]
-    assert [line.split(",")[0] for line in logged] == ["epoch 1", "epoch 2"], lines
+    assert [line.split(",")[0] for line in logged] == ["epoch 1", "epoch 2", "epoch 3"], lines
     assert "accuracy 1" in logged[-1] and "lr 0" in logged[-1]
     assert (
         lines[-1].startswith("job ")
         and " done: the program ended with status 0 after " in lines[-1]
     )
-    folder = run_folder(done.stdout)
     for rank in (0, 1):
         start, *logs, summary = records(folder, rank)
         assert (start["kind"], start["task"], start["rank"], start["world_size"]) == (
             "start", "program", rank, 2,
         )  # fmt: skip
-        assert [r["fields"]["epoch"] for r in logs] == [1, 2]
+        assert [r["fields"]["epoch"] for r in logs] == [1, 2, 3]
         assert (summary["kind"], summary["exit_code"]) == ("summary", 0)
     assert (folder / "checkpoints" / "program" / "last.pt").is_file()
     status = kit("launch", "status", str(folder))
@@ -117,9 +135,17 @@ def test_each_task_gets_its_place_and_the_failing_rank_is_named(tmp_path: Path) 
     assert "rank 2 gave up: no data here" in done.stdout
     status = kit("launch", "status", str(folder))
     assert " FAILED " in status.stdout, status.stdout
+    # summarize flags it as a failed run of the kit's loop: left out, named, the failing rank's
+    # exit status said (the others may have been ended before they recorded theirs).
+    summary = kit_here("analysis", "summarize", str(folder))
+    assert summary.returncode == 1 and summary.stdout == "", summary.stdout
+    skipped = f"skipped {folder.name}: the program failed (exit status per rank: status 1 on rank 2"
+    assert skipped in summary.stderr.splitlines()[0], summary.stderr
 
 
 def test_dp_runs_one_task_that_sees_the_whole_node(tmp_path: Path) -> None:
+    """--mode dp: one task; a program that logs nothing still has a row in summarize's table,
+    its wall time, with every figure it could not give left out (null in json)."""
     out = tmp_path / "places"
     out.mkdir()
     done = _submit(
@@ -130,6 +156,82 @@ def test_dp_runs_one_task_that_sees_the_whole_node(tmp_path: Path) -> None:
     assert [p.name for p in out.iterdir()] == ["rank-0.json"]
     env = json.loads((out / "rank-0.json").read_text())["env"]
     assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("1", "1")
+    folder = run_folder(done.stdout)
+    summary = kit_here("analysis", "summarize", str(folder))
+    assert summary.returncode == 0, summary.stderr
+    ((heading, table),) = _program_tables(summary.stdout).items()
+    assert f"program `{sys.executable} {tmp_path}/place.py {out} none`, 1 node(s) × 4" in heading
+    assert table["runs"] == ["1", "0", ""]
+    wall = records(folder)[-1]["total_seconds"]
+    assert table["wall time per run"] == [f"{wall:.2f}", "n/m", "n/m"]
+    assert list(table) == ["runs", "wall time per run"]
+    left_out = "left out (null in csv/json): seconds per epoch, final accuracy, final loss, GPU"
+    assert left_out in summary.stdout, summary.stdout
+    tidy = json.loads(kit_here("analysis", "summarize", "--format", "json", str(folder)).stdout)
+    values = {(r["metric"], r["mode"]): r["value"] for r in tidy["records"]}
+    assert values[("epoch_s", "dp")] is None and values[("program_accuracy", "dp")] is None
+    assert values[("wall_s", "dp")] == pytest.approx(wall)
+
+
+def _program_tables(markdown: str) -> dict[str, dict[str, list[str]]]:
+    """A program group's heading → its table as {row name, without its unit: [--mode dp,
+    --mode ddp, the comparison]}."""
+    tables = {}
+    for block in markdown.split("## ")[1:]:
+        heading, *lines = block.splitlines()
+        rows = [
+            [c.strip() for c in line.strip("|").split("|")] for line in lines if line[:1] == "|"
+        ]
+        assert rows[0][1:3] == ["--mode dp (one task per node)", "--mode ddp (one task per GPU)"]
+        tables[heading] = {row[0].split(" (")[0]: row[1:] for row in rows[2:]}
+    return tables
+
+
+def _epoch_seconds(folder: Path, ranks: int, ranks_from: int = 0) -> float:
+    """The example's seconds per epoch as the table gives it: the median over epochs 2..N of
+    the time between its records of consecutive epochs, the slowest rank's."""
+    times = [
+        {r["fields"]["epoch"]: r["time"] for r in records(folder, rank) if r["kind"] == "log"}
+        for rank in range(ranks_from, ranks)
+    ]
+    epochs = sorted(times[0])[1:]
+    return statistics.median(max(t[n] - t[n - 1] for t in times) for n in epochs)
+
+
+def test_summarize_tables_a_programs_runs_beside_the_kits(
+    example_runs: Made, small_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """A kit DDP run and the example program's DP and DDP runs: the program's runs are one group
+    of their own, with the seconds per epoch and the final accuracy and loss of their records;
+    the kit's group reads as it did without them. The plot draws both groups."""
+    dp, ddp = example_runs["dp"][0], example_runs["ddp"][0]
+    alone = kit_here("analysis", "summarize", str(small_runs["ddp"]))
+    plot = tmp_path / "both.png"
+    both = kit_here(
+        "analysis", "summarize", str(small_runs["ddp"]), str(dp), str(ddp), "--plot", str(plot)
+    )
+    assert alone.returncode == 0 and both.returncode == 0, both.stderr
+    kits, programs = both.stdout.split("\n\n## ")
+    assert kits + "\n" == alone.stdout  # the kit's group: every line as before
+    ((heading, table),) = _program_tables("## " + programs).items()
+    assert heading.startswith(f"Group 2: program `{sys.executable} {EXAMPLE} --epochs 3`")
+    assert f"--mode dp (one task per node): {dp.name}; --mode ddp" in programs
+    assert table["runs"] == ["1", "1", ""]
+    seconds = table["seconds per epoch"]
+    assert seconds[:2] == [f"{_epoch_seconds(dp, 1):.2f}", f"{_epoch_seconds(ddp, 2):.2f}"]
+    assert seconds[2].endswith(("× faster", "× slower"))
+    for row, field in (("final accuracy", "accuracy"), ("final loss", "loss")):
+        logged = [
+            f"{[r for r in records(run) if r['kind'] == 'log'][-1]['fields'][field]:.4f}"
+            for run in (dp, ddp)
+        ]
+        assert table[row][:2] == logged, (row, table)
+    walls = [max(records(run, rank)[-1]["total_seconds"] for rank in range(ranks))
+             for run, ranks in ((dp, 1), (ddp, 2))]  # fmt: skip
+    assert table["wall time per run"][:2] == [f"{wall:.2f}" for wall in walls]
+    gpu = "GPU util main card, GPU util other cards, peak memory main card, peak memory other"
+    assert f"left out (null in csv/json): {gpu} cards, energy per run." in programs
+    assert plot.stat().st_size > 0 and both.stderr.splitlines()[-1] == f"plot: {plot}"
 
 
 ONCE = """
@@ -389,3 +491,31 @@ def _sbatch_script(cluster: SlurmCluster, tmp: Path, *words: str) -> tuple[str, 
     job_id = done.stdout.strip().split(";")[0]
     assert job_id, done.stderr
     return cluster.wait_job(job_id), (tmp / f"slurm-{job_id}.out").read_text()
+
+
+def test_what_a_program_logged_is_read_defensively(example_runs: Made, tmp_path: Path) -> None:
+    """A program's `fields` may hold anything: an epoch that is no whole number, a loss past
+    float's range, an accuracy in words, a NaN. Each such value is n/m (said once on stderr),
+    never a figure, and never stops the command; a `fields` that is no mapping is a skipped
+    record, said in one warning."""
+    made = example_runs["ddp"][0]
+    run = Path(shutil.copytree(made, tmp_path / made.name))  # a copy: the fixture's stays whole
+    path = run / "metrics" / "rank-00000.jsonl"
+    odd = iter([{"epoch": "one", "accuracy": "high"}, {"epoch": True, "loss": 10**400},
+                {"epoch": 3.5, "test_accuracy": math.nan, "loss": 10**400}])  # fmt: skip
+    edited = [r | {"fields": next(odd)} if r["kind"] == "log" else r for r in records(run)]
+    lines = [json.dumps(r) for r in edited]
+    path.write_text("\n".join([*lines[:-1], json.dumps(edited[1] | {"fields": [1]}), lines[-1]]))
+    done = kit_here("analysis", "summarize", str(run))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    ((_, table),) = _program_tables(done.stdout).items()
+    # Rank 1's records are untouched: its epochs still give the seconds per epoch.
+    assert table["seconds per epoch"][1] == f"{_epoch_seconds(run, 2, ranks_from=1):.2f}"
+    assert "final accuracy" not in table and "final loss" not in table
+    said = done.stderr.splitlines()
+    assert said[0].startswith(f"warning: {path}:5: record skipped: its fields is [1], not dict")
+    assert said[1:] == [
+        f"note {run.name}: rank 0's last `test_accuracy` is nan, not a finite number: n/m",
+        f"note {run.name}: rank 0's last `loss` is {reprlib.repr(10**400)}, not a finite "
+        "number: n/m",
+    ]

@@ -19,7 +19,9 @@ EPILOG = """\
 Figures: seconds per epoch is the median of epochs 2..N (an epoch ends when its slowest rank does);
 the first epoch is shown apart. Runs that differ in any setting or in hardware are never pooled:
 each group gets its own table, repeats within a group give the median per figure. A figure the run
-did not record (GPU figures on CPU, say) is shown as n/m (not measured).
+did not record (GPU figures on CPU, say) is shown as n/m (not measured). Runs of a program of your
+own (`launch submit ... -- python my_train.py`) get groups of their own, one per command: wall
+time, and seconds per epoch, final loss and accuracy from the records it logged (docs/programs.md).
 
 examples:
   python -m analysis summarize                       every run under runs/

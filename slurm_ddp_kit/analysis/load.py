@@ -1,7 +1,8 @@
 """Read run folders (docs/run-folder.md) into one DataFrame: one row per finished run.
 
 Every figure is derived here from the per-rank records, and only from them. A figure the records do
-not hold is NaN in the frame and "n/m" in print: never 0, never a guess.
+not hold is NaN in the frame and "n/m" in print: never 0, never a guess. A user's program's runs
+are read by `analysis.programs`, with the helpers here.
 """
 
 from __future__ import annotations
@@ -382,22 +383,35 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
 def _read_run(run_dir: Path) -> tuple[dict[str, Any] | None, list[str]]:
     meta = runfolder.read_meta(run_dir)
     cfg = runfolder.config_of(run_dir, meta)  # run.json read once, not twice
-    ranks, notes = _read_ranks(run_dir, world_size(cfg))
     run_id = meta.get("run_id", run_dir.name)
+    if cfg.program:  # a program of the user's own: its records are read apart
+        # Imported here: `programs` builds on this module's figures and readers.
+        from slurm_ddp_kit.analysis import programs
+
+        return programs.read_run(run_dir, run_id, cfg, meta)
+    ranks, notes = _read_ranks(run_dir, world_size(cfg))
     if cfg.task in SEARCHES:
         return _search_row(run_dir, run_id, cfg, ranks), notes
     missing = _missing(cfg, ranks)
-    if missing and meta.get("cancel_requested"):
-        return None, [*notes, f"skipped {run_id}: {missing}: cancelled (`launch cancel`); "
-                      f"`python -m launch resume {run_dir}` finishes it"]  # fmt: skip
     if missing:
-        return None, [*notes, f"skipped {run_id}: {missing}; see {runfolder.logs_dir(run_dir)}"]
+        return skipped(run_dir, run_id, missing, meta, notes)
     notes += [
         f"note {run_id}: rank {rank} has no summary record; its per-card figures are n/m"
         for rank, kinds in sorted(ranks.items())
         if rank and not kinds.get("summary")
     ]
     return _row(run_dir, run_id, cfg, ranks, meta.get("created_at")), notes
+
+
+def skipped(
+    run_dir: Path, run_id: str, missing: str, meta: dict[str, Any], notes: list[str]
+) -> Result:
+    """No row for an unfinished run: the notes, and one saying what it lacks and where to look
+    (or, where it was cancelled, how to finish it)."""
+    if meta.get("cancel_requested"):
+        return None, [*notes, f"skipped {run_id}: {missing}: cancelled (`launch cancel`); "
+                      f"`python -m launch resume {run_dir}` finishes it"]  # fmt: skip
+    return None, [*notes, f"skipped {run_id}: {missing}; see {runfolder.logs_dir(run_dir)}"]
 
 
 # A search's result belongs to the training runs with the same shape and hardware (a
@@ -463,11 +477,7 @@ def _read_ranks(
 ) -> tuple[dict[int, Rank], list[str]]:
     ranks: dict[int, Rank] = {}
     notes: list[str] = []
-    for rank, path in runfolder.rank_files(run_dir, world).items():
-        records, problems = runfolder.read_records(path)
-        if problems:  # one warning per file, with the count of the others
-            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            notes.append(f"warning: {problems[0]}{more}")
+    for rank, path, records in rank_records(run_dir, world, notes):
         kinds = _by_kind(records)  # one pass for the common case: one start, the first record
         starts = kinds.get("start", [])
         if len(starts) > 1:  # a requeued job appends a new attempt
@@ -476,6 +486,19 @@ def _read_ranks(
             kinds = _by_kind(runfolder.run_view(records))  # earlier attempts: each epoch once
         ranks[rank] = kinds
     return ranks, notes
+
+
+def rank_records(
+    run_dir: Path, world: int, notes: list[str]
+) -> Iterator[tuple[int, Path, Records]]:
+    """Each rank's file and its records in file order (every attempt's); the lines skipped in a
+    file are one warning in `notes`, with the count of the others."""
+    for rank, path in runfolder.rank_files(run_dir, world).items():
+        records, problems = runfolder.read_records(path)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            notes.append(f"warning: {problems[0]}{more}")
+        yield rank, path, records
 
 
 def _rising(epochs: Records) -> bool:
@@ -495,18 +518,23 @@ def _by_kind(records: Records) -> Rank:
 
 
 ABSENT_NAMED = 8  # ranks named in a skipped run's note; more are counted
+NO_METRICS = "no metrics yet (job queued, still starting, cancelled, or failed at start)"
+
+
+def named_ranks(ranks: Sequence[int]) -> str:
+    """'0, 3, 5': the first ABSENT_NAMED ranks, and the count of the others."""
+    named = ", ".join(map(str, ranks[:ABSENT_NAMED]))
+    return named + (f" and {len(ranks) - ABSENT_NAMED} more" if len(ranks) > ABSENT_NAMED else "")
 
 
 def _missing(cfg: Config, ranks: dict[int, Rank]) -> str:
     """What a run lacks before its figures mean anything; '' when it is complete."""
     if not ranks:
-        return "no metrics yet (job queued, still starting, cancelled, or failed at start)"
+        return NO_METRICS
     expected = range(world_size(cfg))
     absent = [rank for rank in expected if not ranks.get(rank, {}).get("start")]
     if absent:
-        named = ", ".join(map(str, absent[:ABSENT_NAMED]))
-        more = f" and {len(absent) - ABSENT_NAMED} more" if len(absent) > ABSENT_NAMED else ""
-        return f"no start record from rank(s) {named}{more} of {len(expected)}"
+        return f"no start record from rank(s) {named_ranks(absent)} of {len(expected)}"
     summary = (ranks[0].get("summary") or [{}])[-1]
     if summary.get("diverged_epoch") is not None:
         return (
@@ -702,7 +730,6 @@ def _energy(ranks: dict[int, Rank], epochs: Epochs, starts: Records) -> dict[str
     steady = [(n, j) for n, j in sorted(per_epoch.items()) if n >= 2]
     samples = dict(zip(epochs["epoch"], epochs["samples"], strict=True))
     summaries = [(kinds.get("summary") or [{}])[-1] for kinds in ranks.values()]
-    cards = [card.get("energy_j") for s in summaries for card in s.get("gpus") or [{}]]
     gpus = [int(s.get("gpu_count") or 0) for s in starts]
     seconds = [_number(s.get("total_seconds")) for s in summaries]
     return {
@@ -710,9 +737,16 @@ def _energy(ranks: dict[int, Rank], epochs: Epochs, starts: Records) -> dict[str
         "energy_kilosample_j": _median(
             [1000 * _ratio(j, samples.get(float(n), NOT_MEASURED)) for n, j in steady]
         ),
-        "energy_run_j": math.fsum(map(_number, cards)),  # NaN if one card has none
+        "energy_run_j": run_energy(summaries),
         "gpu_seconds": math.fsum(map(operator.mul, gpus, seconds)) if all(gpus) else NOT_MEASURED,
     }
+
+
+def run_energy(summaries: Records) -> float:
+    """Joules of every card the ranks' summaries list (NVML's counter); NaN if one card has
+    none, or no rank lists a card."""
+    cards = [card.get("energy_j") for s in summaries for card in s.get("gpus") or [{}]]
+    return math.fsum(map(_number, cards))
 
 
 def _number(value: Any) -> float:

@@ -19,7 +19,7 @@ from slurm_ddp_kit.analysis.table import COLUMNS, NM, Group, label
 def _epoch_times(ax: Axes, group: Group) -> None:
     """Each run's epoch times; an epoch lasts until its slowest rank is done."""
     labelled: set[str] = set()
-    train = group.runs[group.runs["task"] == "train"]
+    train = group.runs[group.runs["task"] == group.task]  # not a search's runs
     for mode, seconds in zip(train["mode"], train["epoch_seconds"], strict=True):
         name = None if mode in labelled else label(group, mode)
         labelled.add(mode)
@@ -102,7 +102,9 @@ def panels(group: Group) -> list[Callable[[Axes, Group], None]]:
     return [
         draw
         for draw, needs in PANELS
-        if any(math.isfinite(group.medians[m][c]) for m in group.columns for c in needs)
+        if any(
+            math.isfinite(group.medians[m].get(c, math.nan)) for m in group.columns for c in needs
+        )
     ]
 
 
@@ -129,4 +131,8 @@ def save_plot(groups: list[Group], path: Path) -> None:
 def _row_title(group: Group) -> str:
     k = group.key
     where = f"{k['gpus']} GPU(s)" if k["gpus"] else "no GPU"
+    if group.program:  # no batch nor device recorded: the command's end (its script), to fit
+        command = k["program"] if len(k["program"]) <= 40 else f"…{k['program'][-39:]}"
+        given = "GPUs n/m" if k["gpus"] is None else where  # None: CUDA_VISIBLE_DEVICES unset
+        return f"group {group.number}: {command}, {given}"
     return f"group {group.number}: batch {k['global_batch']}, {k['device_name']}, {where}"

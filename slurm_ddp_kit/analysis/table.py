@@ -5,6 +5,9 @@ ran (ZeRO, DDP with a communication hook) gets its own column and a comparison a
 
 Runs of different settings or hardware are never pooled: each group gets its own table. Repeats
 within a group are pooled by the median, figure by figure, over the runs that measured it.
+
+A user's program's runs (`analysis.programs`) get groups of their own, after the kit's: a program's
+command is its setting, and its figures are those the kit can read from outside it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from slurm_ddp_kit.analysis.load import (
     SETTINGS,
     Figure,
 )
+from slurm_ddp_kit.analysis.programs import PROGRAM_FIGURES, PROGRAM_SETTINGS, TASK
 from slurm_ddp_kit.core import strategies
 
 if TYPE_CHECKING:  # imported where used: the command line is parsed, and runs are being read
@@ -48,31 +52,45 @@ class Group:
     runs: pd.DataFrame
     # Strategy shown → figure column → median (NaN: not measured); in the order shown.
     medians: dict[str, dict[str, float]]
+    task: str = "train"  # the task of the runs in its columns: "train", or a user's "program"
+
+    @property
+    def program(self) -> bool:
+        """Whether the group's runs are of a user's program, not of the kit's loop."""
+        return self.task == TASK
 
     @property
     def columns(self) -> list[str]:
         """The strategies shown: DP and DDP, then any other the group ran."""
         return list(self.medians)
 
-    def run_ids(self, mode: str, task: str = "train") -> list[str]:
-        chosen = (self.runs["mode"] == mode) & (self.runs["task"] == task)
+    def run_ids(self, mode: str, task: str | None = None) -> list[str]:
+        """The ids of the group's runs of `mode` and `task` (default: the group's own task)."""
+        chosen = (self.runs["mode"] == mode) & (self.runs["task"] == (task or self.task))
         return self.runs.loc[chosen, "run_id"].tolist()
 
 
 def group_runs(runs: pd.DataFrame) -> tuple[list[Group], list[str]]:
     """Groups of training runs in the order of their first run (run ids start with the UTC time),
-    and a note per largest-batch run that joins none.
+    then groups of a user's program's runs in the same order, and a note per largest-batch run
+    that joins none. The kit's groups come first: their numbers do not change as program runs
+    are added.
 
     Largest-batch runs carry no epochs: each joins the groups whose training runs share its mode,
     model, precision, shape and hardware.
     """
-    import pandas as pd
-
     if runs.empty:
         return [], []
+    groups, alone = _train_groups(runs)
+    return groups + _program_groups(runs[runs["task"] == TASK], len(groups) + 1), alone
+
+
+def _train_groups(runs: pd.DataFrame) -> tuple[list[Group], list[str]]:
+    import pandas as pd
+
     keys = [*SETTINGS, *HARDWARE]
     train = runs[runs["task"] == "train"].sort_values("run_id")
-    searches = runs[runs["task"] != "train"]
+    searches = runs[runs["task"].isin(SEARCHES)]
     groups = []
     joined: set[str] = set()
     # No training run: no setting columns to group by (a search's row has none of them).
@@ -87,11 +105,29 @@ def group_runs(runs: pd.DataFrame) -> tuple[list[Group], list[str]]:
                 number,
                 {k: _plain(v) for k, v in zip(keys, key, strict=True)},
                 pd.concat([frame, matched]),
-                _medians(frame, matched),
+                _medians(frame, matched, FIGURES),
             )
         )
     alone = searches[~searches["run_id"].isin(joined)]
     return groups, [_alone_note(run) for _, run in alone.iterrows()]
+
+
+def _program_groups(programs: pd.DataFrame, first: int) -> list[Group]:
+    """A group per program command and job shape, numbered on from `first`."""
+    if programs.empty:
+        return []
+    keys = list(PROGRAM_SETTINGS)
+    grouped = programs.sort_values("run_id").groupby(keys, sort=False, dropna=False)
+    return [
+        Group(
+            number,
+            {k: _plain(v) for k, v in zip(keys, key, strict=True)},
+            frame,
+            _medians(frame, programs.iloc[:0], PROGRAM_FIGURES),
+            TASK,
+        )
+        for number, (key, frame) in enumerate(grouped, start=first)
+    ]
 
 
 def _alone_note(run: pd.Series) -> str:
@@ -128,12 +164,14 @@ def _matching_searches(train: pd.DataFrame, searches: pd.DataFrame) -> pd.DataFr
     )
 
 
-def _medians(train: pd.DataFrame, searches: pd.DataFrame) -> dict[str, dict[str, float]]:
+def _medians(
+    train: pd.DataFrame, searches: pd.DataFrame, shown: Iterable[Figure]
+) -> dict[str, dict[str, float]]:
     medians: dict[str, dict[str, float]] = {}
     ran = set(train["mode"])  # search runs join only the strategies trained here
     for mode in (key for key in COLUMNS if key in SHOWN or key in ran):
         runs = train[train["mode"] == mode]
-        figures = {f.column: _median(runs, f.column) for f in FIGURES}  # NaN if none
+        figures = {f.column: _median(runs, f.column) for f in shown}  # NaN if none
         for task, columns in SEARCHES.items():
             found = searches[(searches["mode"] == mode) & (searches["task"] == task)]
             figures |= {column: _median(found, column) for column in columns}
@@ -186,6 +224,8 @@ def _other(key: dict[str, Any]) -> str:
 
 def heading(group: Group) -> str:
     """One line: the settings and hardware the group's figures hold for."""
+    if group.program:
+        return _program_heading(group)
     k = group.key
     gpus = f"{k['gpus']} GPU(s) driven" if k["gpus"] else "no GPU (DDP ranks are CPU processes)"
     return (
@@ -199,6 +239,24 @@ def heading(group: Group) -> str:
     )
 
 
+def _program_heading(group: Group) -> str:
+    """A program's group: its command and job shape; of the hardware, the GPUs it was given
+    (the kit records no device of a program: it does not import torch for it)."""
+    k = group.key
+    asked = f", asked: {k['asked']}" if k["asked"] else ""
+    return (
+        f"Group {group.number}: program `{k['program']}`, {k['nodes']} node(s) × "
+        f"{k['gpus_per_node']} GPUs/node, {k['cpus_per_gpu']:g} CPUs/GPU{asked} | "
+        f"hardware: not recorded for a program, {_given(k['gpus'])}"
+    )
+
+
+def _given(gpus: int | None) -> str:
+    if gpus is None:  # NaN in the frame
+        return "GPUs given: not recorded (CUDA_VISIBLE_DEVICES unset)"
+    return f"{gpus} GPU(s) given" if gpus else "no GPU given (the program ran on CPUs)"
+
+
 LISTED_IDS = 6  # a group with more runs per mode names the first and last only
 
 
@@ -210,7 +268,10 @@ def _ids(ids: list[str]) -> str:
 
 
 def label(group: Group, mode: str) -> str:
-    """A column's heading: its strategy's label, or what the strategy ran as without a GPU."""
+    """A column's heading: its strategy's label, or what the strategy ran as without a GPU; for
+    a program, the shape of its tasks (the program chose its strategy itself)."""
+    if group.program:
+        return f"--mode {mode} ({strategies.get(mode).program_shape or 'no program shape'})"
     column = COLUMNS[mode]
     return column.cpu_label if column.cpu_label and not group.key["gpus"] else column.label
 
@@ -223,9 +284,17 @@ def headings(group: Group) -> dict[str, str]:
     return shown | {COMPARISON: f"{base} vs {reference}"} | versus_
 
 
+PROGRAM_NOTE = (
+    "Note: a program's figures are read from outside it: its wall time, and from what it logged "
+    "(`slurm_ddp_kit.log`) its epochs, loss and accuracy; see docs/programs.md."
+)
+
+
 def notes(group: Group) -> list[str]:
-    """What a column means in this group where its label alone would mislead (no GPU), and the
-    runs whose ranks had fewer CPUs than asked or shared a GPU."""
+    """What a column means in this group where its label alone would mislead (no GPU, a
+    program), and the runs whose ranks had fewer CPUs than asked or shared a GPU."""
+    if group.program:
+        return [PROGRAM_NOTE]
     said = [] if group.key["gpus"] else [
         f"Note: {COLUMNS[m].cpu_note}." for m in group.columns if COLUMNS[m].cpu_note
     ]  # fmt: skip
@@ -248,7 +317,9 @@ TIME_TO_ACCURACY = ("tta_s", "tta_data_s")  # NaN when no epoch reached the targ
 
 def figures(group: Group) -> list[Figure]:
     """The figures that apply to the group: the largest model only where a width can be searched,
-    tokens/s only for token sequences."""
+    tokens/s only for token sequences; a program's own list."""
+    if group.program:
+        return list(PROGRAM_FIGURES)
     searchable = group.key["model"].startswith("gpt ")
     tokens = group.key["dataset"].startswith("tokens ")
     return [
