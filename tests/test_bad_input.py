@@ -3,9 +3,12 @@ or the fix, exit code 2, no traceback, and nothing made on disk."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from kit import REPO, kit, kit_here, one_error_line
+from kit import REPO, kit, kit_here, one_error_line, run_folder, wait_for
+from paced import LASTING
 
 from slurm_ddp_kit.core import runfolder
 from slurm_ddp_kit.core.settings.loading import load_config
@@ -1135,3 +1139,69 @@ def test_verbose_shows_the_slurm_commands_it_runs(
     done = kit_here("launch", "cancel", "-v", str(run_dir), env=env)
     assert done.returncode == 2, done.stderr
     assert "slurm: scancel -v -- 4242" in done.stderr and "slurm: scancel: exit " in done.stderr
+
+
+def _in_the_background(tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
+    """`launch submit …` as a script's `… &` starts it: SIGINT ignored; in a process group of
+    its own here (the job's controller and ranks join it), so that the test's SIGINT to that
+    group reaches nothing else. Its output in a file: the controller holds inherited pipes."""
+    with (tmp_path / "submit.log").open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "launch", "submit", *args],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *_pythonpath()])},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
+
+
+def _pythonpath() -> list[str]:
+    return [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+
+
+def _group_left(pgid: int) -> list[int]:
+    """The processes still in the process group (from /proc)."""
+    left = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if os.getpgid(int(entry)) == pgid:
+                left.append(int(entry))
+    return left
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigint_to_a_local_jobs_process_group_ends_each_rank_in_one_line(tmp_path: Path) -> None:
+    """The terminal's Ctrl-C reaches a job started in the background (`launch submit … &`, no
+    --wait) through its process group: each rank once from the terminal, once more from the
+    controller that passes it on. The second broke into the first one's unwinding: no error
+    recorded, and a rank log ending in tracebacks chained to tracebacks. Now each rank records
+    the interrupt and its log ends in one line."""
+    where = [f"output.root={tmp_path}/runs", f"data.root={tmp_path}/data", "cluster.backend=local"]
+    launcher = _in_the_background(
+        tmp_path, "--mode", "ddp", "cluster.gpus_per_node=2", *LASTING, "train.epochs=50", *where
+    )
+    try:
+        assert launcher.wait(120) == 0, (tmp_path / "submit.log").read_text()
+        run_dir = run_folder((tmp_path / "submit.log").read_text())
+        first = runfolder.metrics_path(run_dir, 0)
+        assert wait_for(lambda: first.is_file() and '"epoch"' in first.read_text(), 120)
+        os.killpg(launcher.pid, signal.SIGINT)
+        assert wait_for(lambda: not _group_left(launcher.pid), 30), "the job did not end"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+    for rank in (0, 1):
+        (log,) = runfolder.logs_dir(run_dir).glob(f"*_{rank}_log.err")
+        assert "Traceback" not in log.read_text(), log.read_text()
+        assert log.read_text().splitlines()[-1] == (
+            "interrupted: this task ended on SIGINT (a Ctrl-C, or the job's cancel)"
+        )
+    status = kit_here("launch", "status", str(run_dir))
+    assert status.stdout.splitlines()[-1].endswith(
+        "KeyboardInterrupt: interrupted by SIGINT (a Ctrl-C, or a cancel, reached this rank); "
+        f"`python -m launch resume {run_dir}` goes on from its last checkpoint"
+    ), status.stdout
+    assert "Traceback" not in kit_here("launch", "logs", str(run_dir)).stdout

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -356,3 +357,163 @@ def test_a_job_pickle_others_could_write_is_not_loaded(tmp_path: Path, where: st
         "writable by others, or in such a folder): the job will not load it (a pickle runs "
         "code); make the run's logs folder writable by you alone (chmod go-w) and resume the run"
     )
+
+
+# --- 7. readers survive any run.json ------------------------------------------------------
+
+
+def _oversized(run_dir: Path, how: str) -> str:
+    """A run.json nested 100,000 deep, or of 100 MB (valid JSON both): what its error line says."""
+    path = run_dir / "run.json"
+    if how == "deep":
+        path.write_text('{"schema": 1, "jobs": ' + "[" * 100_000 + "]" * 100_000 + "}")
+        return f"{path} nests lists or objects over 16 levels deep"
+    meta = json.loads(path.read_text()) | {"notes": "x" * 100_000_000}
+    path.write_text(json.dumps(meta))
+    return f"{path} is {path.stat().st_size:,} bytes (67,108,864 at most)"
+
+
+@pytest.mark.parametrize("how", ["deep", "large"])
+def test_a_run_json_too_deep_or_too_large_is_one_line_in_every_command(
+    tmp_path: Path, how: str
+) -> None:
+    """No RecursionError, no 100 MB read: one line naming the file, what is wrong and the fix;
+    nothing written into the folder."""
+    run_dir = _run_dir(tmp_path)
+    said = _oversized(run_dir, how)
+    before = sorted(p.name for p in run_dir.iterdir()), (run_dir / "run.json").stat().st_mtime_ns
+    for command in ("status", "logs", "cancel", "resume"):
+        message = one_error_line(kit_here("launch", command, str(run_dir)))
+        assert said in message, (command, message)
+        assert "more than any run record of this kit" in message
+        assert "put back a good copy of run.json, or start a new run" in message
+    after = sorted(p.name for p in run_dir.iterdir()), (run_dir / "run.json").stat().st_mtime_ns
+    assert after == before
+
+
+def test_summarize_skips_a_run_json_too_deep_and_summarizes_the_others(
+    small_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    root = tmp_path / "runs"
+    good = [Path(shutil.copytree(small_runs[m], root / small_runs[m].name)) for m in ("dp", "ddp")]
+    bad = Path(shutil.copytree(small_runs["dp-256"], root / small_runs["dp-256"].name))
+    said = _oversized(bad, "deep")
+    done = kit_here("analysis", "summarize", str(root))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert all(run.name in done.stdout for run in good) and bad.name not in done.stdout
+    assert f"skipped {bad}: cannot read it: {said}" in done.stderr, done.stderr
+
+
+def test_wait_says_n_m_for_an_epochs_null_figures(tmp_path: Path) -> None:
+    """`--wait`'s epoch line (and its last line) for records whose figures are null, as the record
+    checks allow (a hand edit, another writer of a group-writable folder): n/m, no traceback."""
+    from slurm_ddp_kit.launch.follow import _show_epochs, _Shown, result_words
+
+    run_dir = _run_dir(tmp_path)
+    writer = runfolder.RecordWriter(run_dir, 0)
+    writer.write("start", world_size=2, epochs=3, first_epoch=1)
+    nulls = dict.fromkeys(("train_loss", "test_loss", "test_accuracy"), None)
+    writer.write("epoch", epoch=1, seconds=2.0, samples=None, **nulls)
+    writer.write("epoch", epoch=2, seconds=None, samples=512, train_loss=2.5, test_loss=None)
+    said: list[str] = []
+    _show_epochs(run_dir, _Shown(), said.append)
+    assert said[1:] == [
+        "epoch 1/3: 2.00 s, n/m samples/s, train loss n/m, test loss n/m, accuracy n/m",
+        "epoch 2/3: time n/m (split across attempts), train loss 2.5000, test loss n/m, "
+        "accuracy n/m",
+    ]
+    summary = {"final_test_accuracy": None, "final_test_loss": None, "train_seconds": None}
+    assert result_words(summary) == "test accuracy n/m, test loss n/m, n/m s training"
+
+
+# --- 8. a checkpoint of another layout is one line in the rank's error --------------------
+
+
+def _kit_state(run_dir: Path, **changed: object) -> dict[str, Any]:
+    """What `checkpoint.save` writes for a 1-rank run at the start of epoch 2, as a crafted file
+    would pass for it (the config's hash is the folder's own), with `changed` fields."""
+    from dataclasses import asdict
+
+    from slurm_ddp_kit.train import checkpoint
+
+    mine = {"progress": asdict(checkpoint.Progress(epoch=2)), "rng": checkpoint.rng_state()}
+    state = {"schema": 1, "config_sha256": checkpoint.config_hash(run_dir), "ranks": [mine]}
+    return state | {"model": {}, "optimizer": {}, "scaler": {}} | changed
+
+
+STATE_LAYOUTS = {
+    "a list": (lambda run_dir: [1, 2], "(a list, not the kit's saved state)"),
+    "no ranks": (lambda run_dir: _kit_state(run_dir, ranks=None), "(it has a NoneType as 'ranks'"),
+    "another model": (
+        lambda run_dir: _kit_state(run_dir, model={"w": [0.0]}),
+        '(RuntimeError: Error(s) in loading state_dict for ConvNet: Missing key(s) in state_dict: "conv1.weight"',
+    ),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("layout", list(STATE_LAYOUTS))
+def test_a_state_of_another_layout_fails_the_rank_in_one_line(tmp_path: Path, layout: str) -> None:
+    """A valid torch file that is not the kit's state (loaded safely, weights_only): the resumed
+    rank fails with one line naming the file and the fix, which --wait and status show; no
+    KeyError or TypeError traceback from deep in the loop."""
+    import torch
+
+    made = kit_here(
+        "launch", "prepare", "--mode", "ddp", f"output.root={tmp_path}/runs",
+        f"data.root={tmp_path}/data", "cluster.backend=local", "cluster.gpus_per_node=1", *SMALL,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    run_dir = Path(made.stdout.strip().splitlines()[-1])
+    state = runfolder.state_path(run_dir)
+    state.parent.mkdir()
+    crafted, said = STATE_LAYOUTS[layout]
+    torch.save(crafted(run_dir), state)
+    line = f"{state} is no training state this run can resume from {said}"
+    fix = "delete it to start the run over from epoch 1, or put back a good copy of it"
+    done = kit("launch", "resume", str(run_dir), "--wait")
+    assert done.returncode == 1, done.stdout + done.stderr
+    failed = next(x for x in done.stdout.splitlines() if " failed: rank 0 " in x)
+    assert line in failed and fix in failed, done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+    status = kit_here("launch", "status", str(run_dir))
+    assert line in status.stdout and fix in status.stdout, status.stdout
+
+
+@pytest.mark.parametrize(
+    ("changed", "said"),
+    [
+        ({"shards": "../../elsewhere"}, "its shards folder '../../elsewhere' is no folder name"),
+        ({"scaler": [1]}, "it has a list as 'scaler', not a dict"),
+        ({"ranks": ["x"]}, "rank 0's entry is a str, not a dict"),
+        ({"ranks": [{"progress": {}, "rng": {}}]}, "rank 0's entry's rng has no 'torch'"),
+        (
+            {"progress": {"epoch": 2, "batches": -1, "loss_sum": 0.0, "samples": 0}},
+            "rank 0's entry's progress has -1 as 'batches', below 0",
+        ),
+        (
+            {"progress": {"epoch": True, "batches": 0, "loss_sum": 0.0, "samples": 0}},
+            "rank 0's entry's progress has True as 'epoch', not a number",
+        ),
+        ({"progress": {"epoch": 2}}, "rank 0's entry's progress names ['epoch'], not"),
+    ],
+)
+def test_every_field_of_the_state_the_loop_reads_is_checked(
+    tmp_path: Path, changed: dict[str, Any], said: str
+) -> None:
+    import torch
+
+    from slurm_ddp_kit.train import checkpoint
+
+    run_dir = _run_dir(tmp_path)
+    state = _kit_state(run_dir)
+    if "progress" in changed:
+        state["ranks"][0]["progress"] = changed.pop("progress")
+    runfolder.state_path(run_dir).parent.mkdir()
+    torch.save(state | changed, runfolder.state_path(run_dir))
+    cfg = runfolder.load_job_config(run_dir)
+    with pytest.raises(runfolder.RunFolderError, match="delete it to start the run over") as err:
+        checkpoint.load(run_dir, cfg, rank=0, world_size=1)
+    assert said in str(err.value), err.value
+    torch.save(_kit_state(run_dir), runfolder.state_path(run_dir))
+    assert checkpoint.load(run_dir, cfg, rank=0, world_size=1) is not None  # the kit's own loads

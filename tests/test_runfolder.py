@@ -10,6 +10,7 @@ import socket
 import stat
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -529,7 +530,9 @@ def test_a_run_resumes_under_a_newer_kit_but_not_with_its_settings_edited(tmp_pa
     path.parent.mkdir(parents=True, exist_ok=True)
     import torch
 
-    torch.save({"config_sha256": older, "ranks": [{"epoch": 1}]}, path)
+    mine = {"progress": asdict(checkpoint.Progress()), "rng": checkpoint.rng_state()}
+    torch.save({"config_sha256": older, "ranks": [mine], "model": {}, "optimizer": {},
+                "scaler": {}}, path)  # fmt: skip
     assert checkpoint.load(run_dir, loaded, rank=0, world_size=1) is not None
     config = run_dir / runfolder.CONFIG
     config.write_text(config.read_text().replace("epochs: 10", "epochs: 11"))

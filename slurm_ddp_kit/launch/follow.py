@@ -392,9 +392,17 @@ def result_words(result: dict[str, Any]) -> str:
     if "program" in result:
         return f"the program ended with status 0 after {result.get('total_seconds') or 0:.1f} s"
     return (
-        f"test accuracy {result['final_test_accuracy']:.2%}, test loss {result['final_test_loss']:.4f}, "
-        f"{result['train_seconds']:.1f} s training{_over_attempts(result)}"
+        f"test accuracy {figure(result.get('final_test_accuracy'), '.2%')}, "
+        f"test loss {figure(result.get('final_test_loss'), '.4f')}, "
+        f"{figure(result.get('train_seconds'), '.1f')} s training{_over_attempts(result)}"
     )
+
+
+def figure(value: object, spec: str) -> str:
+    """A record's number as `spec` formats it, or n/m (not measured) where it has none: the
+    record checks let every figure be null or absent (one evaluated nowhere, a hand edit)."""
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    return format(value, spec) if is_number else "n/m"
 
 
 def _over_attempts(result: dict[str, Any]) -> str:
@@ -497,19 +505,29 @@ def _show_epochs(run_dir: Path, shown: _Shown, say: Callable[[str], None]) -> No
         if start.get("placement"):
             say(f"warning: {start['placement']}")
         shown.attempt, shown.last = start["time"], min(shown.last, first - 1)
-    world, total = (start["world_size"], start.get("epochs", "?")) if start else (1, "?")
+    world, total = (start.get("world_size", 1), start.get("epochs", "?")) if start else (1, "?")
     for r in epochs[shown.last :]:
-        timing = (
-            f"{r['seconds']:.2f} s, {r['samples'] * world / r['seconds']:.0f} samples/s"
-            if r["seconds"]
-            else "time n/m (split across attempts)"
-        )
-        say(
-            f"epoch {r['epoch']}/{total}: {timing}, train loss {r['train_loss']:.4f}, "
-            f"test loss {r['test_loss']:.4f}, accuracy {r['test_accuracy']:.2%}"
-        )
+        say(epoch_words(r, world, total))
     shown.last = max(shown.last, len(epochs))
     _show_progress(records, epochs, shown, say, total)
+
+
+def epoch_words(r: dict[str, Any], world: int, total: object) -> str:
+    """One epoch record as `--wait` says it; a figure it lacks is n/m (see `figure`)."""
+    return (
+        f"epoch {r['epoch']}/{total}: {_timing_words(r, world)}, "
+        f"train loss {figure(r.get('train_loss'), '.4f')}, "
+        f"test loss {figure(r.get('test_loss'), '.4f')}, "
+        f"accuracy {figure(r.get('test_accuracy'), '.2%')}"
+    )
+
+
+def _timing_words(r: dict[str, Any], world: int) -> str:
+    seconds, samples = r.get("seconds"), r.get("samples")
+    if not seconds:  # None: the epoch was split across attempts, so it has no one time
+        return "time n/m (split across attempts)"
+    speed = samples * world / seconds if isinstance(samples, int) else None
+    return f"{figure(seconds, '.2f')} s, {figure(speed, '.0f')} samples/s"
 
 
 def _show_progress(
@@ -526,5 +544,7 @@ def _show_progress(
     if latest is None or latest["time"] <= max(done, shown.progress):
         return
     shown.progress = latest["time"]
-    b, n, e = latest["batch"], latest["batches"], latest["epoch"]
-    say(f"  batch {b}/{n} of epoch {e}/{total} ({b / n:.0%}), {latest['seconds']:.0f} s in")
+    b, n, e = (latest.get(key, "?") for key in ("batch", "batches", "epoch"))
+    share = b / n if isinstance(b, int) and isinstance(n, int) and n else None  # 0: a hand edit
+    seconds = figure(latest.get("seconds"), ".0f")
+    say(f"  batch {b}/{n} of epoch {e}/{total} ({figure(share, '.0%')}), {seconds} s in")

@@ -7,13 +7,16 @@ commit, so a reader sees the previous state whole or the new one whole.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import pickle
 import random
+import re
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +158,9 @@ def load(run_dir: Path, cfg: Config, rank: int, world_size: int) -> dict[str, An
             "saved (the kit writes it whole or not at all), so the run cannot resume; start a new "
             "run"
         ) from None
-    if state.get("config_sha256") != config_hash(run_dir):
+    if misfit := _misfit_layout(state):
+        raise runfolder.RunFolderError(unusable(path, misfit))
+    if state["config_sha256"] != config_hash(run_dir):
         raise runfolder.RunFolderError(
             f"{path} was saved with other settings than {run_dir / runfolder.CONFIG}: a run "
             "resumes only with its own config; start a new run instead"
@@ -199,9 +204,115 @@ def _load_data(path: Path) -> dict[str, Any]:
             "loaded, since loading it could run code; resume only a checkpoint the kit saved, "
             "or start a new run"
         ) from None
+    return state  # any value torch builds safely: its layout is `_misfit_layout`'s to judge
+
+
+def unusable(path: Path, why: str) -> str:
+    """The line for a state.pt that loads safely but is none the kit saved for this run."""
+    return (
+        f"{path} is no training state this run can resume from ({why}): the kit did not save "
+        "it for this run, or it was changed since; delete it to start the run over from epoch "
+        "1, or put back a good copy of it and resume again"
+    )
+
+
+# RuntimeErrors of the machine or a peer while a state is loaded (by name: torch 2.4 lacks some).
+_NOT_THE_FILE: tuple[type[BaseException], ...] = tuple(
+    found
+    for found in (
+        torch.cuda.OutOfMemoryError,
+        getattr(torch, "AcceleratorError", None),  # a CUDA error
+        getattr(dist, "DistError", None),
+    )
+    if isinstance(found, type)
+)
+
+
+@contextlib.contextmanager
+def applying(path: Path) -> Iterator[None]:
+    """Around loading a state of the right layout into the model, optimizer, scaler and RNG:
+    values that do not fit them (another model's weights, a hand edit) are said in one line
+    naming the file, as a layout that does not fit is, not as a traceback from deep in torch."""
+    try:
+        yield
+    except _NOT_THE_FILE:
+        raise  # the machine or a peer failed, not the file
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:
+        why = " ".join(f"{type(err).__name__}: {err}".split())  # torch's are many lines
+        raise runfolder.RunFolderError(unusable(path, why[:300])) from None
+
+
+# The layout `save` writes, as far as `load` and the loop read it: each field's types. A file of
+# another layout loads as safely (tensors and plain data) but would fail deep in the loop.
+_STATE_FIELDS: dict[str, tuple[type, ...]] = {
+    "config_sha256": (str,),
+    "ranks": (list,),
+    "scaler": (dict,),
+}
+_WHOLE_FIELDS: dict[str, tuple[type, ...]] = {"model": (dict,), "optimizer": (dict,)}
+_RANK_FIELDS: dict[str, tuple[type, ...]] = {"progress": (dict,), "rng": (dict,)}
+_RNG_FIELDS: dict[str, tuple[type, ...]] = {
+    "torch": (torch.Tensor,),
+    "cuda": (list,),
+    "python": (tuple, list),
+    "numpy": (list, tuple),
+}
+_SHARDS_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")  # a folder in checkpoints/shards
+
+
+def _misfit_layout(state: object) -> str:
+    """'' where `state` has the layout `save` writes; else what is wrong with it, in words."""
     if not isinstance(state, dict):
-        raise pickle.UnpicklingError(f"a {type(state).__name__}, not the kit's saved state")
-    return state
+        return f"a {type(state).__name__}, not the kit's saved state"
+    if "shards" in state:  # the model and optimizer are in the shards folder it names
+        shards = state["shards"]
+        if not (isinstance(shards, str) and _SHARDS_NAME.fullmatch(shards)):
+            return f"its shards folder {shards!r} is no folder name"  # '../..' leads elsewhere
+        wanted = _STATE_FIELDS
+    else:
+        wanted = _STATE_FIELDS | _WHOLE_FIELDS
+    if misfit := _misfit_fields(state, wanted, "it"):
+        return misfit
+    for rank, mine in enumerate(state["ranks"]):
+        if misfit := _misfit_rank(mine, f"rank {rank}'s entry"):
+            return misfit
+    return ""
+
+
+def _misfit_rank(mine: object, name: str) -> str:
+    if not isinstance(mine, dict):
+        return f"{name} is a {type(mine).__name__}, not a dict"
+    return (
+        _misfit_fields(mine, _RANK_FIELDS, name)
+        or _misfit_fields(mine["rng"], _RNG_FIELDS, f"{name}'s rng")
+        or _misfit_progress(mine["progress"], f"{name}'s progress")
+    )
+
+
+def _misfit_fields(values: dict[str, Any], wanted: dict[str, tuple[type, ...]], name: str) -> str:
+    for key, types in wanted.items():
+        if key not in values:
+            return f"{name} has no {key!r}"
+        if not isinstance(values[key], types):
+            kinds = " or ".join(t.__name__ for t in types)
+            return f"{name} has a {type(values[key]).__name__} as {key!r}, not a {kinds}"
+    return ""
+
+
+def _misfit_progress(progress: dict[str, Any], name: str) -> str:
+    """Progress's fields exactly, each a number of its range (a negative count would be a
+    ValueError deep in the sampler)."""
+    names = [f.name for f in fields(Progress)]
+    if sorted(progress) != sorted(names):
+        return f"{name} names {sorted(progress)}, not {names}"
+    for key in names:
+        value, low = progress[key], 1 if key == "epoch" else 0
+        number = (int, float) if key == "loss_sum" else (int,)  # a NaN loss is a loss
+        if isinstance(value, bool) or not isinstance(value, number):
+            return f"{name} has {value!r} as {key!r}, not a number"
+        if key != "loss_sum" and value < low:
+            return f"{name} has {value!r} as {key!r}, below {low}"
+    return ""
 
 
 def _unsafe_globals(path: Path) -> str:

@@ -83,6 +83,26 @@ def _under_controller() -> bool:
     return False
 
 
+def interrupt_once() -> None:
+    """A SIGINT ends a task once, and later ones are ignored: a Ctrl-C reaches a local job's
+    task twice, from the terminal (to its whole process group) and from its controller, which
+    passes it on to every task (as it does `launch cancel`'s). The second one broke into the
+    first one's unwinding: the rank's error record lost, a traceback chained to a traceback in
+    its log. A task that hangs is still ended: the controller's SIGKILL follows within a
+    second. Left alone where SIGINT is not Python's default (ignored, say)."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupted)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A SIGINT (`interrupt_once`), told from a KeyboardInterrupt that code raised itself."""
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise Interrupted
+
+
 def _in_forked_child() -> None:
     if os.environ.get(HOLDER) and signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, []):
         threading.Thread(target=_child_watch, daemon=True, name="kit-stop-signals").start()

@@ -132,12 +132,24 @@ def _record_failure(run_dir: Path, rank: int, err: BaseException, stood_still_s:
             "error",
             host=socket.gethostname(),
             node=os.environ.get("SLURMD_NODENAME", socket.gethostname()),
-            error=f"{type(err).__name__}: {err}"[:2000],
+            error=_interrupted_words(run_dir, err) or f"{type(err).__name__}: {err}"[:2000],
             traceback_tail="".join(lines)[-3000:],
-            kit_error=isinstance(err, KitError),  # its message names the fix: no trace needed
+            # Its message names the fix: no trace needed.
+            kit_error=isinstance(err, KitError | early.Interrupted),
             stood_still_s=round(stood_still_s, 1),
         )
     return True
+
+
+def _interrupted_words(run_dir: Path, err: BaseException) -> str:
+    """A SIGINT's error, in words ('' for any other error). It starts as a KeyboardInterrupt's
+    does: readers tell the cancel's own end by that (`launch.jobs.failure_line`)."""
+    if not isinstance(err, early.Interrupted):
+        return ""
+    return (
+        "KeyboardInterrupt: interrupted by SIGINT (a Ctrl-C, or a cancel, reached this rank); "
+        f"`python -m launch resume {run_dir}` goes on from its last checkpoint"
+    )
 
 
 SILENT_GRACE_S = 5.0  # time for the other failing ranks to record their own errors

@@ -191,10 +191,11 @@ def _restore(ctx: Context, model: nn.Module, optimizer: Any, scaler: Any) -> che
     state = checkpoint.load(ctx.run_dir, ctx.cfg, ctx.env.rank, ctx.env.world_size)
     if state is None:
         return checkpoint.Progress()
-    strategies.of(ctx.cfg).load(model, optimizer, state)
-    scaler.load_state_dict(state["scaler"])
-    checkpoint.set_rng_state(state["mine"]["rng"])
-    progress = checkpoint.Progress(**state["mine"]["progress"])
+    with checkpoint.applying(runfolder.state_path(ctx.run_dir)):
+        strategies.of(ctx.cfg).load(model, optimizer, state)
+        scaler.load_state_dict(state["scaler"])
+        checkpoint.set_rng_state(state["mine"]["rng"])
+    progress = checkpoint.Progress(**state["mine"]["progress"])  # its fields checked by `load`
     log.info(
         "rank %d resumes at epoch %d, batch %d", ctx.env.rank, progress.epoch, progress.batches
     )

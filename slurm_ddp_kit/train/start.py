@@ -9,6 +9,7 @@ from slurm_ddp_kit.train import early
 
 early.hold()
 early.end_with_controller()
+early.interrupt_once()
 
 import runpy  # noqa: E402  (after the signals are held)
 import sys  # noqa: E402
@@ -23,8 +24,17 @@ def main(argv: list[str]) -> None:
     sys.argv = [args[1], *args[2:]]
     try:
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    except early.Interrupted:
+        # A Ctrl-C or a cancel: the rank recorded it in the run folder (`train.job`), so its
+        # log ends in one line, not the traceback of wherever training happened to be.
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
     finally:
         early.end_leftovers()  # nothing this task started outlives it
+
+
+INTERRUPTED = "interrupted: this task ended on SIGINT (a Ctrl-C, or the job's cancel)"
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
 
 
 SUBMITIT_RUNNER = "submitit.core._submit"

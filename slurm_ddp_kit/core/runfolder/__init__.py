@@ -266,10 +266,23 @@ def _not_a_run_folder(path: Path) -> str:
     return f"{path} is not a run folder but holds {len(held)}: pass one of them, e.g. {held[0]}"
 
 
+# run.json's bounds: a run folder is data, and a reader of it must not recurse, allocate or parse
+# without end for what a file holds. The kit's own nests 4 deep (config → cluster → sbatch_extra)
+# and holds a few kB, or about 30 MB for a job of 100,000 ranks (two log paths each).
+MAX_META = 64 << 20  # bytes
+MAX_META_DEPTH = 16  # levels of lists and objects
+
+
 def read_meta(run_dir: Path) -> dict[str, Any]:
     path = run_dir / META
     try:  # read first, ask why only when that fails: one system call less per run
-        meta = json.loads(_read_bytes(path))
+        meta = json.loads(_read_bytes(path, MAX_META))
+    except _TooLarge as err:
+        raise RunFolderError(
+            _damaged(path, f"is {err.size:,} bytes ({MAX_META:,} at most)")
+        ) from None
+    except RecursionError:  # json's decoder recurses once per level
+        raise RunFolderError(_damaged(path, _TOO_DEEP)) from None
     except (OSError, ValueError) as err:
         if isinstance(err, OSError) and err.errno == errno.ENAMETOOLONG:
             raise  # the path itself is refused: the command line says so (core.cli)
@@ -281,6 +294,8 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
         if not os.path.lexists(path):
             raise RunFolderError(_not_a_run_folder(run_dir)) from None
         raise RunFolderError(f"{path} cannot be read ({err}): the run folder is damaged") from None
+    if _deeper_than(meta, MAX_META_DEPTH):  # every later reader of a field may recurse
+        raise RunFolderError(_damaged(path, _TOO_DEEP))
     if not isinstance(meta, dict) or not isinstance(meta.get("schema"), int):
         raise RunFolderError(f"{path} is not a run record of this kit (no schema number)")
     if meta["schema"] > SCHEMA:
@@ -291,6 +306,33 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     if misfit := misfit_fields(meta, _META_FIELDS) or _misfit_job_ids(meta):
         raise RunFolderError(f"{path} is damaged: {misfit}")
     return meta
+
+
+_TOO_DEEP = f"nests lists or objects over {MAX_META_DEPTH} levels deep"
+
+
+def _damaged(path: Path, what: str) -> str:
+    """The line for a run.json over its bounds: more than the kit ever writes, so not its own."""
+    return (
+        f"{path} {what}, more than any run record of this kit: the run folder is damaged, or "
+        f"was made so; put back a good copy of {META}, or start a new run"
+    )
+
+
+def _deeper_than(value: object, depth: int) -> bool:
+    """Whether lists and objects nest more than `depth` levels in `value`: level by level, in a
+    loop (recursion is what a crafted file would exhaust), keeping containers alone."""
+    level = [value] if isinstance(value, dict | list) else []
+    for _ in range(depth):
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return False
+    return True
 
 
 def _misfit_job_ids(meta: dict[str, Any]) -> str:
@@ -878,16 +920,32 @@ def shell_assignments(run_dir: Path) -> str:
     return "".join(f"{name}={shlex.quote(value)}\n" for name, value in values.items())
 
 
-def _read_bytes(path: Path) -> bytes:
+class _TooLarge(OSError):
+    """A file over the size its reader takes (`_read_bytes`'s limit)."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        super().__init__(errno.EFBIG, "too large to read", str(path))
+        self.size = size  # bytes found: the file's, or as many as were read before giving up
+
+
+def _read_bytes(path: Path, limit: int = 1 << 62) -> bytes:
     """The file's bytes, through the bare system calls: half the cost of open().read() (which
-    readers of thousands of runs pay for every file)."""
+    readers of thousands of runs pay for every file). Over `limit` bytes: `_TooLarge`, having
+    read no more than that (the file may grow while it is read)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a named pipe would block until written
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if found.st_size > limit:
+            raise _TooLarge(path, found.st_size)
         chunks = [os.read(fd, 1 << 16)]  # a run's files are a few kB: one read, as a rule
-        while len(chunks[-1]) == 1 << 16:
+        size = len(chunks[0])
+        while len(chunks[-1]) == 1 << 16 and size <= limit:
             chunks.append(os.read(fd, 1 << 16))
+            size += len(chunks[-1])
+        if size > limit:
+            raise _TooLarge(path, size)
         return b"".join(chunks)
     finally:
         os.close(fd)
