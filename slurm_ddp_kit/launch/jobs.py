@@ -295,7 +295,7 @@ def _hosts(run_dir: Path, records: list[dict[str, Any]]) -> str:
 
 
 def _node(start: dict[str, Any]) -> str:
-    return str(start.get("node") or start["host"])  # Slurm's name: nodes can share a hostname
+    return str(start.get("node") or start.get("host") or "?")  # Slurm's: hostnames can repeat
 
 
 def _stopped_state(stop: dict[str, Any]) -> str:

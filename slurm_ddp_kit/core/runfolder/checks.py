@@ -161,6 +161,11 @@ _CHECKS = {kind: _checks({**_FIELDS["*"], **fields}) for kind, fields in _FIELDS
 _ABSENT = itertools.repeat(_Absent())
 
 
+# The field readers order and index records by, which every record the kit writes has: one
+# without it is skipped (another tool's, or cut by hand), not a KeyError in whatever reads next.
+_REQUIRED = {kind: ("time",) for kind in _FIELDS}
+
+
 def misfit(record: dict[str, Any]) -> str:
     """'' for a record whose known fields have their types and ranges; else the first that has
     not.
@@ -170,6 +175,9 @@ def misfit(record: dict[str, Any]) -> str:
     """
     kind = record.get("kind")
     kind = kind if isinstance(kind, str) and kind in _CHECKS else "*"
+    missing = [name for name in _REQUIRED[kind] if name not in record]
+    if missing:
+        return f"it has no {missing[0]}"
     names, allowed = _CHECKS[kind]
     types = map(type, map(record.get, names, _ABSENT))
     if not all(map(frozenset.__contains__, allowed, types)):
