@@ -11,7 +11,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from kit import COMMAND, REPO, in_project, project, run_folder
+from kit import COMMAND, REPO, in_project, kit_here, project, run_folder
 
 EXAMPLE = REPO / "docs" / "examples" / "ddp_script.py"
 
@@ -105,3 +105,20 @@ def test_the_wheel_carries_the_command_the_scripts_and_the_examples(tmp_path: Pa
     assert done.returncode == 0, done.stderr
     assert (out / "slurm" / "ddp.sbatch").read_bytes() == (REPO / "slurm/ddp.sbatch").read_bytes()
     assert (out / "examples" / "ddp_script.py").read_bytes() == EXAMPLE.read_bytes()
+
+
+def test_init_where_a_file_stands_for_a_folder_says_so_after_what_it_wrote(tmp_path: Path) -> None:
+    """`slurm` is a file in the project: one line naming it, after the lines of the files
+    written before it (nothing written is taken back)."""
+    (tmp_path / "slurm").write_text("not a folder\n")
+    done = kit_here("launch", "init", str(tmp_path))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == (
+        f"error: cannot write {tmp_path}/slurm/ddp.sbatch: {tmp_path}/slurm is a file, not a "
+        "folder: move it, or choose another folder\n"
+    )
+    written = [line.split()[1] for line in done.stdout.splitlines()]
+    assert written == [
+        str(tmp_path / "examples" / p.name) for p in sorted(EXAMPLE.parent.iterdir())
+    ]
+    assert all(Path(p).is_file() for p in written)

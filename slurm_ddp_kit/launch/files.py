@@ -5,6 +5,7 @@ same files."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
@@ -44,21 +45,23 @@ def _folder(folder: str, package: str) -> Traversable:
         return CHECKOUT / folder
 
 
-def copy_into(target: Path) -> list[tuple[str, bool]]:
-    """Write each file under `target`, keeping any that is there already: (path, written)."""
-    done = []
+def copy_into(target: Path) -> Iterator[tuple[str, bool]]:
+    """Write each file under `target`, keeping any that is there already: (path, written), each
+    as it is done (so that what was written before a refusal is said)."""
     for name, source in kit_files().items():
         path = target / name
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            mode = 0o755 if name.endswith(".sbatch") else 0o644
             # O_EXCL: a file, a folder or a link (even a dangling one) already there stays as it is.
-            fd = os.open(
-                path,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL,
-                0o755 if name.endswith(".sbatch") else 0o644,
-            )
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
         except FileExistsError:
-            done.append((name, False))
+            if not path.parent.is_dir():  # mkdir met a file where the folder goes
+                raise InitError(
+                    f"cannot write {path}: {path.parent} is a file, not a folder: move it, or "
+                    "choose another folder"
+                ) from None
+            yield name, False
             continue
         except OSError as e:
             raise InitError(
@@ -66,5 +69,4 @@ def copy_into(target: Path) -> list[tuple[str, bool]]:
             ) from e
         with os.fdopen(fd, "wb") as out:
             out.write(source.read_bytes())
-        done.append((name, True))
-    return done
+        yield name, True
