@@ -7,10 +7,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from importlib import resources
-from importlib.abc import Traversable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slurm_ddp_kit.core.errors import KitError
+
+if TYPE_CHECKING:  # importlib.abc's Traversable is deprecated from Python 3.12 on
+    from importlib.resources.abc import Traversable
 
 # Where each group of files lies in the checkout, and the package the wheel carries it as
 # (pyproject.toml maps the one onto the other).
