@@ -109,7 +109,10 @@ def test_srun_takes_the_jobs_cpus_per_task_only_from_23_11(
         "sbatch", "--wait", "-N1", "-n1", "-c2", f"--output={out}", "--wrap", script
     )
     assert done.returncode == 0, done.stderr + out.read_text()
-    implicit, explicit = (json.loads(line) for line in out.read_text().splitlines())
+    # srun's own words share the job's output (25.11: "srun: Step created for StepId=…" when
+    # the second step waited for the first's CPUs to be given back): the probes' lines alone.
+    lines = [line for line in out.read_text().splitlines() if line.startswith("{")]
+    implicit, explicit = (json.loads(line) for line in lines)
     assert len(explicit["cpus"]) == 2
     assert len(implicit["cpus"]) == (2 if slurm_release(slurm_cluster) >= (23, 11) else 1)
 
