@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from kit import SMALL, kit, kit_here, records, run_folder
 
-from slurm_ddp_kit.analysis.load import FIGURES
+from slurm_ddp_kit.analysis.figures import FIGURES
 from slurm_ddp_kit.analysis.table import comparison
 from slurm_ddp_kit.core import runfolder
 from slurm_ddp_kit.core.settings.loading import load_config

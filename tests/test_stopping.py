@@ -13,8 +13,8 @@ import pytest
 import torch.distributed as dist
 from kit import spawned_ranks
 
-from slurm_ddp_kit.train import stopping
-from slurm_ddp_kit.train.stopping import StopSignals
+from slurm_ddp_kit.train import stopping, stopsignals
+from slurm_ddp_kit.train.stopsignals import StopSignals
 
 
 def _asking_rank(rank: int, world: int, port: int, out: Any) -> None:
@@ -45,7 +45,7 @@ def test_ranks_agree_to_ask_about_a_stop_as_often_as_the_slowest_steps_need() ->
     agrees on both the stop and the count, the slowest rank's, as the next ask must be shared."""
     seen = dict(spawned_ranks(_asking_rank, 2, answers=2))
     preempted = stopping.PREEMPTED  # seen once, it stands at every later ask
-    expected = [(preempted, 1), (preempted, 1), (preempted, stopping.MAX_ASK_EVERY)]
+    expected = [(preempted, 1), (preempted, 1), (preempted, stopsignals.MAX_ASK_EVERY)]
     assert seen == {0: expected, 1: expected}
 
 

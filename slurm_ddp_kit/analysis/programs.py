@@ -17,20 +17,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from slurm_ddp_kit.analysis.load import (
+from slurm_ddp_kit.analysis.figures import (
     FIGURES,
     NO_METRICS,
     NOT_MEASURED,
     Figure,
     Records,
     Result,
-    _by_kind,
-    _median,
-    _number,
-    _record_figures,
+    as_float,
+    by_kind,
     cpus_per_gpu,
+    median,
     named_ranks,
     rank_records,
+    record_figures,
     run_energy,
     skipped,
 )
@@ -98,7 +98,7 @@ def read_run(run_dir: Path, run_id: str, cfg: Config, meta: dict[str, Any]) -> R
         **_settings(cfg, [attempt[0] for _, attempt in sorted(attempts.items())]),
         "runs": 1,
         "wall_s": _wall_seconds(attempts),
-        "epoch_s": _median(epochs),  # NaN (skipped) for the first: no record before it
+        "epoch_s": median(epochs),  # NaN (skipped) for the first: no record before it
         "program_accuracy": accuracy,
         "program_loss": loss,
         **_gpu_figures(attempts),
@@ -206,15 +206,17 @@ def _gpus_given(starts: Records) -> float:
 def _wall_seconds(attempts: dict[int, Records]) -> float:
     """The slowest rank's time from its task's start to its program's exit (the summary's
     total_seconds, last attempt); NaN where a rank's summary has none."""
-    seconds = [_number((_end(attempt) or {}).get("total_seconds")) for attempt in attempts.values()]
+    seconds = [
+        as_float((_end(attempt) or {}).get("total_seconds")) for attempt in attempts.values()
+    ]
     return max(seconds) if all(s == s for s in seconds) else NOT_MEASURED  # NaN ≠ NaN
 
 
 def _gpu_figures(attempts: dict[int, Records]) -> dict[str, float]:
     """The GPU figures, where the ranks' summaries carry them (the kit sampled the cards);
     NaN otherwise."""
-    last = {rank: _by_kind(attempt) for rank, attempt in sorted(attempts.items())}
-    read = _record_figures(last)
+    last = {rank: by_kind(attempt) for rank, attempt in sorted(attempts.items())}
+    read = record_figures(last)
     summaries = [(kinds.get("summary") or [{}])[-1] for kinds in last.values()]
     figures = {f.column: read.get(f.column, NOT_MEASURED) for f in _GPU_FIGURES}
     return figures | {"energy_run_j": run_energy(summaries)}

@@ -19,14 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from slurm_ddp_kit.analysis.load import (
-    FIGURES,
-    HARDWARE,
-    LARGEST_BATCH_KEYS,
-    SEARCHES,
-    SETTINGS,
-    Figure,
-)
+from slurm_ddp_kit.analysis.figures import FIGURES, Figure
+from slurm_ddp_kit.analysis.load import HARDWARE, LARGEST_BATCH_KEYS, SEARCHES, SETTINGS
 from slurm_ddp_kit.analysis.programs import PROGRAM_FIGURES, PROGRAM_SETTINGS, TASK
 from slurm_ddp_kit.core import strategies
 

@@ -29,7 +29,7 @@ from slurm_ddp_kit.core.cli import VERBOSE, setup_logging
 from slurm_ddp_kit.core.errors import KitError
 from slurm_ddp_kit.core.settings.rules import check_hardware, cpus_per_task
 from slurm_ddp_kit.core.settings.schema import Config, Task
-from slurm_ddp_kit.train import distenv, early, loop, stopping
+from slurm_ddp_kit.train import distenv, early, loop, stopping, stopsignals
 from slurm_ddp_kit.train.distenv import check_launch
 from slurm_ddp_kit.train.process import Context, Stopped, dist_backend
 from slurm_ddp_kit.train.timing import process_start_time
@@ -93,7 +93,7 @@ def _run(cfg: Config, env: distenv.DistEnv, run_dir: Path, started: float) -> di
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
         check_hardware(cfg, visible, env.local_world_size)
         entered = time.time()  # interpreter, imports and the config are behind us
-        stops = stopping.StopSignals()
+        stops = stopsignals.StopSignals()
         stops.end_at_cancel(run_dir, env.rank)
         ctx = _setup(cfg, env, run_dir, stops, started, entered)
         stopping.arm(ctx)
@@ -177,7 +177,7 @@ def _setup(
     cfg: Config,
     env: distenv.DistEnv,
     run_dir: Path,
-    stops: stopping.StopSignals,
+    stops: stopsignals.StopSignals,
     started: float,
     entered: float,
 ) -> Context:

@@ -25,7 +25,7 @@ from slurm_ddp_kit.train import distenv
 from slurm_ddp_kit.train.distenv import LaunchError
 
 if typing.TYPE_CHECKING:
-    from slurm_ddp_kit.train import stopping, workloads
+    from slurm_ddp_kit.train import stopsignals, workloads
 
 
 class Stopped(LaunchError):
@@ -40,7 +40,7 @@ class Context:
     gpus: int  # GPUs this process drives (DP: all of the node's; DDP: one; CPU: 0)
     run_dir: Path
     metrics: runfolder.RecordWriter
-    stops: stopping.StopSignals  # caught from the job's start, acted on at a step boundary
+    stops: stopsignals.StopSignals  # caught from the job's start, acted on at a step boundary
     # Where start-up went: seconds per phase, in order (written with the start record).
     startup: dict[str, float] = dataclasses.field(default_factory=dict)
     last_mark: float = dataclasses.field(default_factory=time.time)
