@@ -82,6 +82,17 @@ def test_a_line_cut_by_a_kill_stays_apart_from_the_next_attempt(tmp_path: Path) 
     assert len(problems) == 1 and f"{writer.path}:2:" in problems[0]
 
 
+def test_a_start_record_of_a_gpu_rank_is_read(tmp_path: Path) -> None:
+    """A rank that drove GPUs names them by UUID (`core.placement.Place.gpus`), as its start
+    record keeps them: read, not skipped (the readers' type checks once took them for numbers,
+    and every GPU run's start went unread)."""
+    writer = runfolder.RecordWriter(tmp_path, rank=0)
+    uuids = ["53139983-caff-0116-36c1-4ff0cfff560d", "6ad2ab1c-0d5e-8a3b-31c4-2f8f0f2f0b11"]
+    writer.write("start", host="n1", world_size=2, gpu_ids=uuids, cpus="0-3", placement=None)
+    records, problems = runfolder.read_records(writer.path)
+    assert problems == [] and records[0]["gpu_ids"] == uuids
+
+
 def test_bytes_that_are_not_text_spoil_their_line_only(tmp_path: Path) -> None:
     writer = runfolder.RecordWriter(tmp_path, rank=0)
     writer.write("start")

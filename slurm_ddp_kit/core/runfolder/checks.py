@@ -91,7 +91,8 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
 # its entries): the types an entry may have, or for an entry that is a mapping (a summary's
 # `gpus` entry per card), the types of its fields.
 _ITEMS: dict[str, dict[str, tuple[type, ...] | dict[str, tuple[type, ...]]]] = {
-    "start": {"startup_parts": _MAYBE_NUMBER, "gpu_ids": _MAYBE_INT},
+    # gpu_ids: the GPUs a rank drove, by UUID (`core.placement.Place`); a number in older runs.
+    "start": {"startup_parts": _MAYBE_NUMBER, "gpu_ids": (str, int, type(None))},
     "summary": {
         "gpus": {
             "cuda_index": _MAYBE_INT,
