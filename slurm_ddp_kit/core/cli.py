@@ -49,36 +49,27 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="print errors and results only")
 
 
-def add_command(
-    commands: Any, name: str, func: object, text: str, examples: Sequence[str] = ()
-) -> argparse.ArgumentParser:
-    """One subcommand of `commands` (argparse's subparsers): its help, the common flags, and its
-    examples at the end of its --help, each written after `{prog}` (the subcommand's own words:
-    `python -m launch submit`, or `slurm-ddp-kit submit`)."""
-    sub = commands.add_parser(
-        name, help=text, description=text, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    if examples:
-        sub.epilog = "examples:\n" + "".join(
-            f"  {sub.prog} {line}".rstrip() + "\n" for line in examples
-        )
-    add_common_flags(sub)
-    sub.set_defaults(func=func)
-    return sub
-
-
 def command_adder(
     commands: Any,
     examples: dict[str, list[str]],
     settings: Callable[[argparse.ArgumentParser], None],
 ) -> Callable[..., argparse.ArgumentParser]:
-    """`command(name, func, text, config=False)` for one parser's subcommands: each with its
-    examples, and with `settings(sub)` (--config FILE and key=value words) where `config`."""
+    """`command(name, func, text, config=False)` for one parser's subcommands (argparse's
+    subparsers): each with its help, the common flags, `settings(sub)` (--config FILE and
+    key=value words) where `config`, and its examples at the end of its --help, each written
+    after the subcommand's own words (`python -m launch submit`, or `slurm-ddp-kit submit`)."""
 
     def command(
         name: str, func: object, text: str, config: bool = False
     ) -> argparse.ArgumentParser:
-        sub = add_command(commands, name, func, text, examples[name])
+        sub = commands.add_parser(
+            name, help=text, description=text, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        sub.epilog = "examples:\n" + "".join(
+            f"  {sub.prog} {line}".rstrip() + "\n" for line in examples[name]
+        )
+        add_common_flags(sub)
+        sub.set_defaults(func=func)
         if config:
             settings(sub)
         return sub
