@@ -34,7 +34,7 @@ def kit_files() -> dict[str, Traversable]:
     found: dict[str, Traversable] = {}
     for group, (folder, package) in GROUPS.items():
         for item in _folder(folder, package).iterdir():
-            if item.name.endswith(SUFFIXES) and item.name != "__init__.py":
+            if item.name.endswith(SUFFIXES):
                 found[f"{group}/{item.name}"] = item
     return dict(sorted(found.items()))
 

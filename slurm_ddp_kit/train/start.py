@@ -27,6 +27,8 @@ def main(argv: list[str]) -> None:
     except early.Interrupted:
         # A Ctrl-C or a cancel: the rank recorded it in the run folder (`train.job`), so its
         # log ends in one line, not the traceback of wherever training happened to be.
+        from slurm_ddp_kit.core.cli import EXIT_INTERRUPTED  # here: a task's start stays light
+
         print(INTERRUPTED, file=sys.stderr, flush=True)
         raise SystemExit(EXIT_INTERRUPTED) from None
     finally:
@@ -34,7 +36,6 @@ def main(argv: list[str]) -> None:
 
 
 INTERRUPTED = "interrupted: this task ended on SIGINT (a Ctrl-C, or the job's cancel)"
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
 
 
 SUBMITIT_RUNNER = "submitit.core._submit"
