@@ -185,11 +185,15 @@ def wait_job(job_id: str | int, timeout: float = 300, env: dict[str, str] | None
 def _queued(job_id: str | int, env: dict[str, str] | None) -> bool:
     """Whether squeue still lists the job (pending, running, completing); a failed squeue says
     nothing, so the caller asks sacct."""
-    done = subprocess.run(
-        ["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
+    return bool(squeue_line(job_id, "%T", env))
+
+
+def squeue_line(job_id: str | int, fields: str, env: dict[str, str] | None = None) -> str:
+    """squeue's line of `fields` for the job; '' once it has left the queue (or squeue failed)."""
+    return subprocess.run(
+        ["squeue", "-h", "-j", str(job_id), "-o", fields], capture_output=True, text=True,
         timeout=30, env={**os.environ, **(env or {})}, check=False,
-    )  # fmt: skip
-    return done.returncode == 0 and bool(done.stdout.strip())
+    ).stdout.strip()  # fmt: skip
 
 
 def wait_job_releasing_holds(
@@ -201,9 +205,7 @@ def wait_job_releasing_holds(
     env = {**os.environ, **(env or {})}
     deadline, released = time.monotonic() + timeout, 0
     while time.monotonic() < deadline:
-        queued = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%T|%r"], capture_output=True, text=True, env=env
-        ).stdout.strip()
+        queued = squeue_line(job_id, "%T|%r", env)
         released += release_hold(job_id, env, queued)
         if not queued and (state := job_state(job_id, env)) in FINAL_STATES:
             return state, released
@@ -219,9 +221,7 @@ def release_hold(job_id: str, env: dict[str, str] | None = None, queued: str | N
     "%T|%r" line for the job where the caller has it."""
     env = {**os.environ, **(env or {})}
     if queued is None:
-        queued = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%T|%r"], capture_output=True, text=True, env=env
-        ).stdout.strip()
+        queued = squeue_line(job_id, "%T|%r", env)
     if not (queued.startswith("PENDING") and queued.split("|")[1] in _HELD):
         return 0
     subprocess.run(["scontrol", "release", job_id], capture_output=True, env=env)
