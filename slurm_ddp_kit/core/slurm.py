@@ -20,6 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_ddp_kit.core import submitted
 from slurm_ddp_kit.core.errors import KitError
 
 log = logging.getLogger("kit")
@@ -298,7 +299,7 @@ def requeue_id() -> str | None:
 
 def job_to_requeue() -> str | None:
     """The Slurm job a task requeues or asks about; None off Slurm and under the local executor."""
-    return requeue_id() if os.environ.get("SUBMITIT_EXECUTOR") != "local" else None
+    return None if submitted.by_local_executor() else requeue_id()
 
 
 def restarts() -> int:

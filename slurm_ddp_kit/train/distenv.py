@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from slurm_ddp_kit.core import slurm, strategies
+from slurm_ddp_kit.core import slurm, strategies, submitted
 from slurm_ddp_kit.core.errors import KitError
 from slurm_ddp_kit.core.settings.rules import world_size
 from slurm_ddp_kit.core.settings.schema import Config
@@ -73,7 +73,7 @@ class DistEnv:
     def kit_store(self) -> bool:
         """Whether the kit serves the rendezvous store itself (Slurm's and submitit's tasks, and
         a process alone); torchrun's workers meet through env:// as torchrun expects."""
-        return self.source in ("slurm", "submitit", "single")
+        return self.source != "torchrun"
 
     @property
     def serves_store(self) -> bool:
@@ -163,7 +163,7 @@ def _which_source(env: Mapping[str, str]) -> str:
     count last: left over in a user's shell, they reach every job that inherits it."""
     if "TORCHELASTIC_RUN_ID" in env:
         return "torchrun"
-    if "SUBMITIT_EXECUTOR" in env:
+    if submitted.by_submitit(env):
         return "submitit"
     if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
         return "slurm"
@@ -217,7 +217,7 @@ def _from_submitit(env: Mapping[str, str]) -> dict[str, Any]:
 
     job = submitit.JobEnvironment()
     job_id = str(job.job_id)
-    on_slurm = env.get("SUBMITIT_EXECUTOR") == "slurm"
+    on_slurm = submitted.by_slurm_executor(env)
     hosts = job.hostnames if on_slurm else ["127.0.0.1"]
     return {
         "rank": job.global_rank,

@@ -29,7 +29,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from slurm_ddp_kit.core import processes
+from slurm_ddp_kit.core import processes, submitted
 
 if TYPE_CHECKING:
     from multiprocessing.context import ForkServerContext
@@ -57,7 +57,7 @@ def end_with_controller() -> None:
     """A local job's task stops (SIGTERM: an agreed stop that saves) when the controller that
     started it dies, as a Slurm step's tasks end with their step: killed, the controller could
     not end its tasks, which would train on where neither `status` nor `cancel` looks."""
-    if os.environ.get("SUBMITIT_EXECUTOR") != "local" or not os.path.isdir("/proc"):
+    if not submitted.by_local_executor() or not os.path.isdir("/proc"):
         return
     import ctypes  # here: only a local task pays for it
 

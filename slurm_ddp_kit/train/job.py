@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from slurm_ddp_kit.core import placement, processes, runfolder, strategies
+from slurm_ddp_kit.core import placement, processes, runfolder, strategies, submitted
 from slurm_ddp_kit.core.cli import VERBOSE, setup_logging
 from slurm_ddp_kit.core.errors import KitError
 from slurm_ddp_kit.core.settings.rules import check_hardware, cpus_per_task
@@ -110,7 +110,7 @@ def _run(cfg: Config, env: distenv.DistEnv, run_dir: Path, started: float) -> di
         failed = _record_failure(run_dir, env.rank, err, still.longest)
         # A Ctrl-C or a cancel reached every task (the controller passes SIGINT to all).
         peers_told = isinstance(err, KeyboardInterrupt)
-        local = os.environ.get("SUBMITIT_EXECUTOR") == "local"
+        local = submitted.by_local_executor()
         if failed and local and env.world_size > 1 and not peers_told:
             _end_silent_peers(run_dir, env.rank)
         raise
@@ -334,7 +334,7 @@ def _gone_before_rendezvous(run_dir: Path, missing: list[int]) -> list[int]:
     """The missing ranks of this local job with no process left (none under Slurm, whose srun
     names such a task itself); each gets an error record of its own (it wrote none), so that it
     is the rank named as failed first."""
-    if os.environ.get("SUBMITIT_EXECUTOR") != "local" or not missing:
+    if not submitted.by_local_executor() or not missing:
         return []
     running = processes.local_tasks(os.environ.get("SUBMITIT_LOCAL_JOB_ID", ""))
     gone = [rank for rank in missing if rank not in running]

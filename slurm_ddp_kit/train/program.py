@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurm_ddp_kit.core import placement, runfolder, slurm
+from slurm_ddp_kit.core import placement, runfolder, slurm, submitted
 from slurm_ddp_kit.core.errors import KitError
 from slurm_ddp_kit.core.settings.loading import program_arguments
 from slurm_ddp_kit.core.settings.schema import Config
@@ -290,6 +290,6 @@ def _not_requeued(cfg: Config, run_dir: Path, job_id: str, saved: bool) -> str:
 def _requeue(job_id: str, before: dict[int, Any]) -> str:
     """submitit's own checkpoint-and-requeue where submitit started the job (it resubmits the
     same run folder), else `scontrol requeue`; '' on success, else what went wrong."""
-    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+    if not submitted.by_slurm_executor():
         return slurm.requeue(job_id)
     return early.requeue_through_submitit(before)

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from slurm_ddp_kit.core import runfolder, slurm
+from slurm_ddp_kit.core import runfolder, slurm, submitted
 from slurm_ddp_kit.train import checkpoint
 from slurm_ddp_kit.train.distenv import LaunchError
 from slurm_ddp_kit.train.process import Context, Stopped
@@ -42,7 +41,7 @@ REASONS = {
 def reason_words(reason: int) -> str:
     """Why the job stopped, in words; a local job has no Slurm to send SIGTERM: its controller
     ended (`train.early.end_with_controller`), or someone's `kill`."""
-    if reason == PREEMPTED and os.environ.get("SUBMITIT_EXECUTOR") == "local":
+    if reason == PREEMPTED and submitted.by_local_executor():
         return "SIGTERM (its local controller ended, or a kill)"
     return REASONS[reason]
 
@@ -201,7 +200,7 @@ def stop(
 
 def _requeue(ctx: Context, job_id: str) -> str:
     """submitit's own checkpoint-and-requeue where submitit started the job, else `scontrol`."""
-    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+    if submitted.by_slurm_executor():
         return ctx.stops.requeue_through_submitit()
     return slurm.requeue(job_id)
 
