@@ -265,7 +265,7 @@ def test_an_interrupted_slurm_sweep_names_its_own_runs_not_the_whole_root() -> N
     """The root may hold other runs: the hint follows and cancels the sweep's alone."""
     from types import SimpleNamespace
 
-    from slurm_ddp_kit.launch.sweep import SWEEP_RUNS_NAMED, _queued_words
+    from slurm_ddp_kit.launch.backends.slurm import SWEEP_RUNS_NAMED, _queued_words
 
     root = Path("/o/runs")
     few = [(root / f"r{i}", SimpleNamespace(job_id=f"71_{i}")) for i in range(2)]

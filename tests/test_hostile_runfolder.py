@@ -313,7 +313,7 @@ def test_a_task_result_is_read_as_plain_data_and_a_planted_one_runs_nothing(
     planted result builds no object; another's (here: group-writable) file is not read."""
     import submitit
 
-    from slurm_ddp_kit.launch.executor import SubmitError
+    from slurm_ddp_kit.launch.backends import SubmitError
     from slurm_ddp_kit.launch.follow import _result
 
     logs, marker = tmp_path / "logs", tmp_path / "ran"

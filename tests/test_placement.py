@@ -26,7 +26,7 @@ from slurm_ddp_kit.core.placement import Place, cpu_list, problems
     ],
 )
 def test_the_launcher_counts_visible_gpus_as_torch_does(visible: str | None, expected: int) -> None:
-    from slurm_ddp_kit.launch.executor import visible_count
+    from slurm_ddp_kit.launch.backends.local import visible_count
 
     assert visible_count(4, visible) == expected
 

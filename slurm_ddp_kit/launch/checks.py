@@ -1,5 +1,6 @@
-"""What the launcher checks before it makes a file: the backend, a user's program, requeue, the
-container, and a user's workload tried on the CPU (a trial that passed is remembered)."""
+"""What the launcher checks before it makes a file: the backend's own checks (`launch.backends`),
+a user's program, the container, and a user's workload tried on the CPU (a trial that passed is
+remembered)."""
 
 from __future__ import annotations
 
@@ -20,25 +21,20 @@ from slurm_ddp_kit.core import (
     datafiles,
     factories,
     runfolder,
-    slurm,
     userfiles,
 )
 from slurm_ddp_kit.core.settings.loading import program_arguments, to_dict
-from slurm_ddp_kit.core.settings.rules import (
-    check_batch_fits_data,
-    check_hardware,
-    tasks_per_node,
-)
+from slurm_ddp_kit.core.settings.rules import check_batch_fits_data
 from slurm_ddp_kit.core.settings.schema import (
     DATASETS,
     MODELS,
-    Backend,
     Config,
     ConfigError,
     ContainerRuntime,
-    Requeue,
 )
-from slurm_ddp_kit.launch.executor import local_gpus, log, resolve_backend
+from slurm_ddp_kit.launch import backends
+from slurm_ddp_kit.launch.backends import Backend
+from slurm_ddp_kit.launch.executor import log
 
 
 def check_submission(cfg: Config, dry_run: bool = False) -> Backend:
@@ -47,28 +43,13 @@ def check_submission(cfg: Config, dry_run: bool = False) -> Backend:
     A dry run needs no Slurm client: it shows the script on any machine. It does import a
     user's factories, as a submission from here would.
     """
-    backend = resolve_backend(cfg.cluster.backend)
-    if backend == Backend.slurm and not shutil.which("sbatch") and not dry_run:
-        raise ConfigError(
-            "cluster.backend=slurm but `sbatch` is not on PATH: use cluster.backend=local"
-        )
-    missing = slurm.named_conf_missing() if backend == Backend.slurm and not dry_run else None
-    if missing:
-        raise ConfigError(
-            f"SLURM_CONF={missing} names no file, so sbatch cannot reach Slurm (it would retry "
-            "for a minute): point SLURM_CONF at the cluster's slurm.conf or unset it, or use "
-            "cluster.backend=local"
-        )
-    if backend == Backend.local and cfg.cluster.nodes > 1:
-        raise ConfigError(
-            f"the local backend runs on one machine; cluster.nodes={cfg.cluster.nodes} needs Slurm"
-        )
+    backend = backends.chosen(cfg)
+    backend.check_reach(cfg, dry_run)
     runfolder.check_root(cfg.output.root)
-    _check_container(cfg, backend, dry_run)
-    _check_requeue(cfg, backend, dry_run)
+    _check_container(cfg)
+    backend.check_runtime(cfg, dry_run)
     check_inputs(cfg)
-    if backend == Backend.local:
-        check_hardware(cfg, local_gpus(), tasks_per_node(cfg))
+    backend.check_machine(cfg)
     return backend
 
 
@@ -103,25 +84,9 @@ def _check_program(cfg: Config) -> None:
         )
 
 
-def _check_requeue(cfg: Config, backend: Backend, dry_run: bool) -> None:
-    """An expedited requeue where this cluster takes it (a dry run shows the line regardless)."""
-    if cfg.cluster.requeue != Requeue.expedite:
-        return
-    if backend == Backend.local:
-        raise ConfigError(
-            "cluster.requeue=expedite asks Slurm for an expedited requeue; the local backend "
-            "requeues nothing: drop it, or use cluster.backend=slurm"
-        )
-    refused = "" if dry_run else slurm.expedite_refused()
-    if refused:
-        raise ConfigError(
-            f"cluster.requeue=expedite, but {refused}: drop it (cluster.requeue=normal), or ask "
-            "the cluster's admins for SlurmctldParameters=enable_expedited_requeue on Slurm 25.11+"
-        )
-
-
-def _check_container(cfg: Config, backend: Backend, dry_run: bool) -> None:
-    """What the launcher can see of the container: the runtime here, the image if it is a file."""
+def _check_container(cfg: Config) -> None:
+    """What the launcher can see of the container, whatever runs it: the code's folders, and the
+    image if it is a file (the backend checks its runtime)."""
     c = cfg.cluster.container
     if not c.image:
         return
@@ -133,27 +98,11 @@ def _check_container(cfg: Config, backend: Backend, dry_run: bool) -> None:
             module,
         )
     if c.runtime == ContainerRuntime.pyxis:
-        if backend == Backend.local:
-            raise ConfigError(
-                "cluster.container.runtime=pyxis runs through srun: it needs the Slurm backend; "
-                "locally use cluster.container.runtime=apptainer, or no container"
-            )
-        if not dry_run and not slurm.srun_takes("--container-image"):
-            raise ConfigError(
-                "cluster.container.runtime=pyxis, but this cluster's srun has no "
-                "--container-image (the pyxis plugin is not installed): use "
-                "cluster.container.runtime=apptainer, or ask the cluster's admins for pyxis"
-            )
-        return
+        return  # an image pyxis pulls: nothing of it to see here
     if "://" not in c.image and not Path(c.image).expanduser().exists():
         raise ConfigError(
             f"cluster.container.image={c.image} does not exist: give a .sif file (or a sandbox "
             "folder) on a file system the nodes share, or a docker:// or oras:// address"
-        )
-    if backend == Backend.local and not shutil.which("apptainer") and not dry_run:
-        raise ConfigError(
-            "cluster.container.runtime=apptainer, but `apptainer` is not on PATH: load it "
-            "(e.g. `module load apptainer`), or drop cluster.container.image"
         )
 
 

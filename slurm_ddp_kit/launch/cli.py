@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from slurm_ddp_kit.core import container, processes, runfolder, slurm, strategies
+from slurm_ddp_kit.core import container, runfolder, slurm, strategies
 from slurm_ddp_kit.core.cli import (
     CONFIG_HELP,
     ENDING,
@@ -29,7 +29,7 @@ from slurm_ddp_kit.core.errors import KitError
 from slurm_ddp_kit.core.settings.loading import load_config, to_yaml
 from slurm_ddp_kit.core.settings.schema import Config, ConfigError, Requeue
 from slurm_ddp_kit.core.strategies import STRATEGIES
-from slurm_ddp_kit.launch import files
+from slurm_ddp_kit.launch import backends, files
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m launch") -> int:
@@ -224,10 +224,14 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _resolve(args: argparse.Namespace, *extra: str) -> Config:
-    return load_config(
+    """The command's config, checked in full: the kit's rules (`load_config`), then the
+    backends' own (`backends.check_settings`), whichever backend it names."""
+    cfg = load_config(
         args.config_files, [*args.overrides, *extra], mode=args.mode, nodes=args.nodes,
         program=args.program,
     )  # fmt: skip
+    backends.check_settings(cfg)
+    return cfg
 
 
 def _config(args: argparse.Namespace) -> int:
@@ -306,7 +310,8 @@ def _prepare(args: argparse.Namespace) -> int:
         # What `launch submit` asks of a new run: its program found here, or its data and
         # factories (the job tries the workload itself).
         check_inputs(cfg, trial=False)
-        run_dir = runfolder.create(cfg, launcher=args.launcher, backend="slurm", command=sys.argv)
+        backend = backends.of_sbatch_scripts().name
+        run_dir = runfolder.create(cfg, launcher=args.launcher, backend=backend, command=sys.argv)
         runfolder.update_meta(run_dir, job_id=job_id)
     if args.shell:  # the paths, then the task's command (inside the container, if one is set)
         words = container.shell_assignments(cfg)
@@ -353,7 +358,6 @@ def _status(args: argparse.Namespace) -> int:
         failure_line,
         format_table,
         notes,
-        slurm_states,
         status,
         unreadable,
     )
@@ -368,11 +372,11 @@ def _status(args: argparse.Namespace) -> int:
             f"no runs under {args.root}: submit one with `python -m launch submit`"
         )
     rows, failures = [HEADER], []
-    known = slurm_states(folders)  # every Slurm job at once: seconds for thousands of runs
-    tasks = processes.task_table()  # and every local job's processes, read once
+    # Every Slurm job at once (seconds for thousands of runs), every local job's processes once.
+    seen = backends.survey(folders)
     for folder in folders:
         try:
-            found = status(folder, known, tasks)
+            found = status(folder, seen)
         except runfolder.RunFolderError as err:  # one bad folder does not hide the others
             if len(folders) == 1:
                 raise  # nothing else to show: an error, not a table of one unreadable row

@@ -1,5 +1,6 @@
 """`--wait`: follow a job to its end, one line per epoch, through Slurm's requeues, and say how it
-ended."""
+ended. What differs by backend (a queue's wait, the scheduler's word on the end, tasks that
+outlive their controller, what Ctrl-C does) is the job's backend's (`launch.backends`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import submitit
 
 from slurm_ddp_kit.core import (
     runfolder,
-    slurm,
     userfiles,
 )
 from slurm_ddp_kit.core.cli import (
@@ -30,7 +30,9 @@ from slurm_ddp_kit.core.runfolder import failures
 from slurm_ddp_kit.core.settings.schema import (
     Config,
 )
-from slurm_ddp_kit.launch.executor import EXIT_FAILED, SubmitError
+from slurm_ddp_kit.launch import backends
+from slurm_ddp_kit.launch.backends import SubmitError, Watch
+from slurm_ddp_kit.launch.executor import EXIT_FAILED
 from slurm_ddp_kit.launch.jobs import diverged_words
 
 
@@ -58,9 +60,10 @@ def follow(
         said[0]["time"] if said else 0.0,
     )
     progress = (lambda line: None) if quiet else say
-    # A local job starts at once: say what it does until rank 0 has started (a Slurm job's
-    # wait in the queue is said by _say_pending, its start by the start line).
-    if shown.attempt is None and isinstance(job, submitit.LocalJob):
+    watch = backends.of_job(job).watch(job, run_dir, say)
+    # A job that starts at once: say what it does until rank 0 has started (a queued job's wait
+    # is said by its backend's `waiting`, its start by the start line).
+    if shown.attempt is None and watch.starts_at_once:
         cfg = runfolder.read_config(run_dir)
         progress(
             f"starting {job.num_tasks} task(s) of the program"
@@ -68,32 +71,28 @@ def follow(
             else f"starting {job.num_tasks} task(s): Python and torch, the process group, the "
             f"model{_warm_up_words(cfg)}, the data (the first epoch follows)"
         )
-    pending, look = "", time.monotonic() + PENDING_LOOK_S
-    slurm_says, slurm_end = _SlurmWord(job, run_dir, say), _SlurmEnd(job)
-    while not job.done() or slurm_says.still_running() or _tasks_left(job, run_dir):
-        if slurm_end.seen():
+    while not job.done() or watch.going_on():
+        if watch.ended():
             break
         _show_epochs(run_dir, shown, progress)
-        if isinstance(job, submitit.SlurmJob) and time.monotonic() > look:
-            pending, look = _say_pending(job, run_dir, pending, progress), look + PENDING_LOOK_S
+        watch.waiting(progress)
         time.sleep(1.0)
     _show_epochs(run_dir, shown, progress)
-    if _cancelled(job, run_dir):  # by `launch cancel` (or scancel) from elsewhere
+    if _cancelled(watch, run_dir):  # by `launch cancel` (or scancel) from elsewhere
         say(f"job {job.job_id} was cancelled; {continue_words(run_dir)}")
         return EXIT_INTERRUPTED
-    if isinstance(job, submitit.LocalJob) and not runfolder.log_files(run_dir, 0, False):
-        # No task ever started (no task log): submitit would wait for a result, then name a
-        # log file that does not exist.
+    unstarted = watch.unstarted()
+    if unstarted:  # submitit would wait for a result, then name a log file never made
         say(
-            f"job {job.job_id} ended before it started its tasks (its controller was killed, "
-            f"or a cluster.setup line ended it); {continue_words(run_dir)}"
+            f"job {job.job_id} ended before it started its tasks ({unstarted}); "
+            f"{continue_words(run_dir)}"
         )
         return EXIT_FAILED
-    if slurm_end.state and not job.done():  # no result from every task; submitit cannot see
+    if watch.end_state and not job.done():  # no result from every task; submitit cannot see
         # the end without accounting, and would wait for the results for ever
         summary = runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary")
         if not summary:
-            return _failed(job, run_dir, f"it ended ({slurm_end.state}) without results", say)
+            return _failed(job, run_dir, f"it ended ({watch.end_state}) without results", say)
         result = summary[-1]
     else:
         try:
@@ -164,52 +163,14 @@ def _failed(job: submitit.Job[Any], run_dir: Path, error: str, say: Callable[[st
     return EXIT_FAILED
 
 
-END_LOOK_S = 10  # how often --wait asks Slurm whether a job whose results are missing has ended
-
-
-END_GRACE_S = 10  # and how long after Slurm's word it waits for the results' files
-
-
-class _SlurmEnd:
-    """Slurm's word that a job has ended. submitit reads a job's end from accounting (sacct)
-    alone: where that does not answer, a job that ended without every task's result file
-    (cancelled, stopped, its node lost) would be followed for ever."""
-
-    def __init__(self, job: submitit.Job[Any]) -> None:
-        self.job, self.state = job, ""
-        self.look = self.since = time.monotonic()
-
-    def seen(self) -> bool:
-        """Whether Slurm ended the job END_GRACE_S ago or more (time for the tasks' result
-        files to appear on a shared file system; for a lost node or a preemption, time for
-        Slurm to requeue the job)."""
-        now = time.monotonic()
-        if isinstance(self.job, submitit.SlurmJob) and now >= self.look:
-            self.look = now + END_LOOK_S
-            state = slurm.end_of(str(self.job.job_id)) or ""
-            if state != self.state:
-                self.since = now
-            self.state = state
-        grace = MAYBE_BACK_S if self.state in _MAYBE_BACK else END_GRACE_S
-        return bool(self.state) and now - self.since >= grace
-
-
-def _tasks_left(job: submitit.Job[Any], run_dir: Path) -> bool:
-    """A local job's tasks that outlive their controller (killed): the job is not over yet."""
-    from slurm_ddp_kit.launch.jobs import local_job_alive
-
-    return isinstance(job, submitit.LocalJob) and local_job_alive(run_dir)
-
-
-def _cancelled(job: submitit.Job[Any], run_dir: Path) -> bool:
-    """The job ended by a cancel, not of itself: marked by `launch cancel`, or, for a Slurm job
-    cancelled with scancel, so in Slurm's words."""
+def _cancelled(watch: Watch, run_dir: Path) -> bool:
+    """The job ended by a cancel, not of itself: marked by `launch cancel`, or cancelled by the
+    scheduler's own command (scancel), so in its words."""
     if runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):
         return False
     if runfolder.read_meta(run_dir).get("cancel_requested"):
         return True
-    found = slurm.state(str(job.job_id)) if isinstance(job, submitit.SlurmJob) else None
-    return bool(found and found.state.startswith("CANCELLED"))
+    return watch.cancelled()
 
 
 def _planned_stop(run_dir: Path) -> dict[str, Any] | None:
@@ -222,129 +183,15 @@ def _planned_stop(run_dir: Path) -> dict[str, Any] | None:
     return stops[-1]
 
 
-PENDING_LOOK_S = 10  # how often --wait asks Slurm why a job has not started
-
-
-_STILL = (
-    "RUNNING",
-    "COMPLETING",
-    "PENDING",
-    "REQUEUED",
-    "REQUEUE_HOLD",
-    "CONFIGURING",
-    "SUSPENDED",
-)
-
-
-class _SlurmWord:
-    """Slurm's verdict on a job whose rank 0 has ended: its result file says it failed while
-    Slurm may still run it (a node it cannot reach keeps the step alive until Slurm marks the
-    node down) and then requeue it. `--wait` follows the job until Slurm ends it, not rank 0."""
-
-    def __init__(self, job: submitit.Job[Any], run_dir: Path, say: Callable[[str], None]) -> None:
-        self.job, self.run_dir, self.say = job, run_dir, say
-        self.since: float | None = None  # when rank 0's end was first seen
-        self.last = ""
-        # Until when a job ended by a node's failure may still come back (requeued).
-        self.back_by: float | None = None
-
-    def still_running(self) -> bool:
-        if not isinstance(self.job, submitit.SlurmJob):
-            return False
-        found = slurm.state(str(self.job.job_id))
-        state = found.state if found else ""  # Slurm unreachable: rank 0's word stands
-        now = time.monotonic()
-        self.since = self.since or now
-        if state in _MAYBE_BACK:  # with --requeue, Slurm brings such a job back as PENDING
-            self.back_by = self.back_by or now + MAYBE_BACK_S
-            self._tell(state, "waiting to see whether Slurm requeues it")
-            return now < self.back_by
-        self.back_by = None
-        if state in _STILL and now - self.since > FOLLOW_GRACE_S:
-            running = state in ("RUNNING", "COMPLETING")
-            self._tell(state, "following it" if running else "requeued; following its next attempt")
-        return state in _STILL
-
-    def _tell(self, state: str, doing: str) -> None:
-        if state == self.last:
-            return
-        first = failures.first_failure(self.run_dir)
-        said = f" ({failures.failure_words(first).splitlines()[0][:300]})" if first else ""
-        lost = slurm.unanswering(failures.nodes_of(self.run_dir))
-        why = "".join(f"; node {node} is not answering Slurm ({w})" for node, w in lost.items())
-        self.say(
-            f"job {self.job.job_id}: rank 0 has ended{said}, but Slurm says {state}{why}: {doing}"
-        )
-        self.last = state
-
-
-_MAYBE_BACK = ("NODE_FAIL", "PREEMPTED")
-
-
-MAYBE_BACK_S = 120
-
-
-FOLLOW_GRACE_S = 10  # a job whose rank failed is COMPLETING for a moment: no word on that
-
-
-def _say_pending(
-    job: submitit.Job[Any], run_dir: Path, said: str, say: Callable[[str], None]
-) -> str:
-    """Say why the job waits, when that changes (a job that can never start waits silently);
-    for one that ran and waits again, that Slurm requeued it, why, and where it goes on."""
-    reason = slurm.pending_reason(str(job.job_id)) or ""
-    if reason and reason != said:
-        again = _requeued(run_dir)
-        say(f"job {job.job_id} {again}pending: {reason} (`python -m launch cancel {run_dir}`)")
-    return reason
-
-
-def _requeued(run_dir: Path) -> str:
-    """'requeued (…), ' for a job whose ranks have started before, else ''."""
-    records = runfolder.read_rank(run_dir, 0)
-    if not runfolder.of_kind(records, "start"):
-        return ""
-    lost = slurm.unanswering(failures.nodes_of(run_dir))
-    why = [f"node {node} is not answering Slurm ({word})" for node, word in lost.items()]
-    stops = runfolder.of_kind(records, "stop")
-    if stops:
-        why.append(saved_words(stops[-1]))
-    else:
-        why.append("it goes on from its last checkpoint")
-    return f"requeued ({'; '.join(why)}), "
-
-
 def interrupted(job: submitit.Job[Any], run_dir: Path, err: KeyboardInterrupt | None = None) -> str:
     """After Ctrl-C (or SIGTERM, SIGHUP: `err`) while following a job: what became of it, in
-    one line.
-
-    A local job runs in the terminal's process group, so the terminal's Ctrl-C reached its
-    controller and ranks as well: it is cancelled as `launch cancel` would (marked, so `status`
-    reads CANCELLED and names no failure; its checkpoints kept for `launch resume`), and waited
-    for until none of its processes is left. A signal to this process alone, which cannot be
-    told apart, ends the job the same way. A Slurm job is not in this terminal: it goes on.
-    """
-    from slurm_ddp_kit.launch.jobs import cancel, wait_local_end
-
+    one line. The job's backend says (`Backend.interrupted`): a local job, in the terminal's
+    process group, is cancelled and waited for; a Slurm job goes on."""
     for signum in ENDING:  # a second Ctrl-C does not cut this short
         with contextlib.suppress(ValueError):
             signal.signal(signum, signal.SIG_IGN)
     word = interrupt_word(err or KeyboardInterrupt())
-    if not isinstance(job, submitit.LocalJob):
-        return (
-            f"{word}: stopped following; job {job.job_id} goes on: "
-            f"`python -m launch status {run_dir}`, `python -m launch cancel {run_dir}`"
-        )
-    if runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):
-        return f"{word}: job {job.job_id} had already completed"
-    # Marked here too: the terminal's Ctrl-C may have ended the job before `cancel` looks.
-    runfolder.update_meta(run_dir, cancel_requested=True)
-    cancel(run_dir)
-    deadline = time.monotonic() + 30  # the controller ends its tasks within seconds
-    while not job.done() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    wait_local_end(run_dir)  # tasks a second Ctrl-C kept the controller from ending
-    return f"{word}: cancelled local job {job.job_id}; {continue_words(run_dir)}"
+    return backends.of_job(job).interrupted(job, run_dir, word)
 
 
 def continue_words(run_dir: Path) -> str:

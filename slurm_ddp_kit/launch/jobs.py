@@ -1,25 +1,22 @@
 """Operate submitted runs: their state, cancelling them, their logs.
 
-State comes from Slurm (`core.slurm`: accounting, then the queue), then the run folder itself, so
-`status` answers even when the controller does not.
+State comes from the run's backend (`launch.backends`: Slurm's accounting, then its queue; a
+local job's processes), then the run folder itself, so `status` answers even when the controller
+does not. A cancel is the backend's.
 """
 
 from __future__ import annotations
 
-import signal
-import time
 from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_ddp_kit.core import processes, runfolder, slurm
-from slurm_ddp_kit.core.errors import KitError
+from slurm_ddp_kit.core import runfolder, slurm
 from slurm_ddp_kit.core.runfolder import failures
 from slurm_ddp_kit.core.settings.rules import world_size
-
-
-class JobError(KitError):
-    """A job cannot be operated as asked; the message says why and what to do."""
+from slurm_ddp_kit.launch import backends
+from slurm_ddp_kit.launch.backends import JobError
+from slurm_ddp_kit.launch.backends.slurm import SIGSTOPPED
 
 
 @dataclass
@@ -41,59 +38,32 @@ class RunStatus:
 HEADER = ["RUN", "MODE", "BACKEND", "JOB", "STATE", "NODES", "ELAPSED", "EPOCH"]
 
 
-def slurm_states(run_dirs: list[Path]) -> dict[str, slurm.JobState]:
-    """The Slurm jobs of these runs, asked all at once (a few calls for thousands of runs);
-    a folder whose metadata cannot be read is left to `status` to report."""
-    ids = []
-    for run_dir in run_dirs:
-        try:
-            meta = runfolder.read_meta(run_dir)
-        except runfolder.RunFolderError:
-            continue
-        if meta.get("backend") == "slurm" and meta.get("job_id"):
-            ids.append(str(meta["job_id"]))
-    return slurm.states(ids) if ids else {}
-
-
-def status(
-    run_dir: Path,
-    known: dict[str, slurm.JobState] | None = None,
-    tasks: processes.Table | None = None,
-) -> RunStatus:
-    """A run's row; `known`: its Slurm job's state if asked already (`slurm_states`); `tasks`:
-    the local jobs' processes, if read already (`processes.task_table`)."""
+def status(run_dir: Path, seen: backends.Seen | None = None) -> RunStatus:
+    """A run's row; `seen`: what `backends.survey` read at once for many runs (else each run's
+    backend asks for its own)."""
     meta = runfolder.read_meta(run_dir)
     job_id = str(meta.get("job_id") or "-")
-    mode, backend = str(meta.get("mode")), str(meta.get("backend"))
+    mode, backend_name = str(meta.get("mode")), str(meta.get("backend"))
     if meta.get("submit_error"):
-        return RunStatus(run_dir.name, mode, backend, job_id, "NOT-SUBMITTED", "-", "-", "-")
+        return RunStatus(run_dir.name, mode, backend_name, job_id, "NOT-SUBMITTED", "-", "-", "-")
     records = runfolder.read_rank(run_dir, 0)  # read once: state fall-back and last epoch
-    slurm_job = backend == "slurm" and job_id != "-"
-    found = (known.get(job_id) if known is not None else slurm.state(job_id)) if slurm_job else None
+    backend = backends.recorded(meta)  # None: a word this kit does not know; the folder tells
+    found = backend.state(job_id, seen) if backend and job_id != "-" else None
     state, elapsed, nodes = (
-        (_slurm_word(found.state), found.elapsed, found.nodes)
+        (found.state, found.elapsed, found.nodes)
         if found
-        else _folder_state(run_dir, records, meta, tasks)
+        else _folder_state(run_dir, records, meta, backend, seen)
     )
-    if found and found.state in slurm.ENDED and finished(run_dir, records):
+    if found and found.ended and finished(run_dir, records):
         state = "COMPLETED"  # cancelled or failed after every rank had finished: its results
         # are whole (`resume` says it has finished, `summarize` counts it)
     if state == "COMPLETED" and diverged_epoch(records) is not None:
         state = "DIVERGED"  # it ended as planned, but its loss became NaN or infinite
     start = next(iter(runfolder.of_kind(records, "start")), {})
     return RunStatus(
-        run_dir.name, mode, backend, job_id, state, nodes, elapsed, _last_epoch(records),
+        run_dir.name, mode, backend_name, job_id, state, nodes, elapsed, _last_epoch(records),
         start.get("placement"),
     )  # fmt: skip
-
-
-SIGSTOPPED = "SIGSTOPPED"
-
-
-def _slurm_word(state: str) -> str:
-    """Slurm's state as `status` shows it: Slurm's STOPPED (SIGSTOPped in place, its nodes held,
-    nothing saved) is not the kit's STOPPED (saved, ended, waiting for `launch resume`)."""
-    return SIGSTOPPED if state == "STOPPED" else state
 
 
 def still_held(state: str) -> bool:
@@ -128,55 +98,14 @@ def format_table(rows: list[list[str]]) -> str:
 
 
 def cancel(run_dir: Path) -> str:
-    """Cancel the run's job; returns what was done, in words."""
+    """Cancel the run's job, through its backend; returns what was done, in words."""
     meta = runfolder.read_meta(run_dir)
     job_id = meta.get("job_id")
     if not job_id:
         raise JobError(f"{run_dir.name} has no job id yet: nothing to cancel")
     if runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):
         return f"{run_dir.name}: job {job_id} had already completed"
-    ended = f"{run_dir.name}: local job {job_id} had already ended"
-    local = meta.get("backend") != "slurm"
-    if local and not local_job_alive(run_dir, meta):  # nor is its PID another's to signal
-        return ended  # and not marked: a failed run stays FAILED
-    # Marked first: ranks that catch the cancel's SIGTERM stop without writing anything.
-    runfolder.update_meta(run_dir, cancel_requested=True)
-    if not local:
-        return _cancel_slurm(run_dir, str(job_id), bool(meta.get("cancel_requested")))
-    # SIGINT, as submitit's own cancel: the controller stops every task (its tasks ignore a
-    # forwarded SIGTERM, which submitit reserves for preemption); tasks whose controller is
-    # gone are told themselves.
-    controller = [int(job_id)] if _controller_alive(meta, run_dir) else []
-    processes.signal_all([*controller, *_task_pids(run_dir, meta)], signal.SIGINT)
-    return f"{run_dir.name}: cancelled local job {job_id}"
-
-
-END_WAIT_S = 10.0  # a cancelled task ends within a second or two; past this, it is killed
-
-
-def wait_local_end(run_dir: Path, timeout_s: float = END_WAIT_S) -> None:
-    """Return once a local job's controller and tasks have all ended, killing the tasks still
-    there after `timeout_s`: a command that says a job was cancelled leaves nothing behind."""
-    meta = runfolder.read_meta(run_dir)
-    deadline = time.monotonic() + timeout_s
-    while local_job_alive(run_dir, meta) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    processes.signal_all(_task_pids(run_dir, meta), signal.SIGKILL)
-
-
-def _cancel_slurm(run_dir: Path, job_id: str, marked_before: bool) -> str:
-    problem = slurm.cancel(job_id)
-    if problem == slurm.ALREADY_ENDED:  # a failed run stays FAILED; a cancelled one, CANCELLED
-        runfolder.update_meta(run_dir, cancel_requested=marked_before or None)
-        return f"{run_dir.name}: Slurm job {job_id} had already ended"
-    if problem:
-        # Unmarked: the job runs on, and must still save at its time limit and requeue.
-        runfolder.update_meta(run_dir, cancel_requested=None)
-        raise JobError(
-            f"scancel {job_id} failed ({problem}): the job was not cancelled; is Slurm reachable "
-            "from here? Try again, or `scancel` it where Slurm answers"
-        )
-    return f"{run_dir.name}: cancelled Slurm job {job_id}"
+    return backends.to_cancel(meta).cancel(run_dir, meta, str(job_id))
 
 
 def failure_line(run_dir: Path) -> str | None:
@@ -255,14 +184,15 @@ def _folder_state(
     run_dir: Path,
     records: list[dict[str, Any]],
     meta: dict[str, Any],
-    tasks: processes.Table | None = None,
+    backend: backends.Backend | None,
+    seen: backends.Seen | None,
 ) -> tuple[str, str, str]:
-    """What the run folder says: the summary means done; a live local controller means running."""
+    """What the run folder says: the summary means done; a job its backend sees alive runs."""
     summary = next(iter(runfolder.of_kind(records, "summary")), None)
     elapsed = _clock(summary["total_seconds"]) if summary else "-"
     host = _hosts(run_dir, records)
     stop = next(reversed(runfolder.of_kind(records, "stop")), None)  # the last attempt's
-    alive = meta.get("backend") == "local" and local_job_alive(run_dir, meta, tasks)
+    alive = backend is not None and backend.alive(run_dir, meta, seen)
     if summary and finished(run_dir, records):
         state = "COMPLETED"
     elif meta.get("cancel_requested") and not alive:
@@ -271,10 +201,8 @@ def _folder_state(
         state = "FAILED"
     elif stop and not alive:
         state = _stopped_state(stop)
-    elif meta.get("backend") == "local":
-        state = "RUNNING" if alive else "ENDED-WITHOUT-SUMMARY"
-    else:
-        state = "UNKNOWN"  # Slurm did not answer and the run folder holds no summary
+    else:  # neither the scheduler nor the folder places it: the backend's word (UNKNOWN: none)
+        state = backend.unanswered(alive) if backend else "UNKNOWN"
     return state, elapsed, host
 
 
@@ -306,44 +234,6 @@ def _stopped_state(stop: dict[str, Any]) -> str:
     if "requeues_used" in stop and str(stop.get("reason", "")).startswith("time limit"):
         return "TIMEOUT"
     return "STOPPED"
-
-
-def local_job_alive(
-    run_dir: Path, meta: dict[str, Any] | None = None, table: processes.Table | None = None
-) -> bool:
-    """Whether the run's local job runs: its controller, or a task of it (one whose controller
-    was killed). `meta`: its metadata read before; `table`: `processes.task_table()` read before."""
-    meta = runfolder.read_meta(run_dir) if meta is None else meta
-    return _controller_alive(meta, run_dir) or bool(_tasks(run_dir, meta, table))
-
-
-def _tasks(
-    run_dir: Path, meta: dict[str, Any], table: processes.Table | None = None
-) -> dict[int, list[int]]:
-    """The job's live task processes, by rank (named by the job id and the run folder)."""
-    job_id = str(meta.get("job_id") or "")
-    if not job_id.isdigit():
-        return {}
-    return processes.local_tasks(job_id, runfolder.logs_dir(run_dir), table)
-
-
-def _task_pids(run_dir: Path, meta: dict[str, Any]) -> list[int]:
-    return [pid for pids in _tasks(run_dir, meta).values() for pid in pids]
-
-
-def _controller_alive(meta: dict[str, Any], run_dir: Path) -> bool:
-    """The local job's controller still runs: its PID is alive, is still that process (a PID is
-    reused once its process ends: the identity recorded at submission), and is provably this
-    run's (`processes.started_for`: this user's, started for the run's logs folder). The PID and
-    identity the run folder records prove nothing alone: anyone who can write the folder can name any process,
-    which `cancel` would then signal and `status` call RUNNING."""
-    pid = str(meta.get("job_id"))
-    if not pid.isdigit() or not processes.alive(int(pid)):
-        return False
-    recorded = meta.get("job_process")
-    if recorded and processes.identity(int(pid)) != recorded:
-        return False
-    return processes.started_for(int(pid), runfolder.logs_dir(run_dir))
 
 
 def _last_epoch(records: list[dict[str, Any]]) -> str:

@@ -1,17 +1,14 @@
-"""`launch sweep`: a grid of runs, locally one after another or as Slurm arrays (one per
-allocation shape), its dry run, and what it says when it ends."""
+"""`launch sweep`: a grid of runs, submitted as their backend runs a sweep (`launch.backends`:
+locally one after another, on Slurm as arrays, one per allocation shape), its dry run, and what
+it says when it ends."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import itertools
 import json
 import math
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,206 +17,44 @@ import submitit
 
 from slurm_ddp_kit.core import (
     runfolder,
-    slurm,
     strategies,
 )
 from slurm_ddp_kit.core.cli import (
-    HeldSignals,
-    Interrupted,
     exit_status,
     interrupt_word,
     printable,
 )
-from slurm_ddp_kit.core.runfolder import failures
 from slurm_ddp_kit.core.settings.loading import (
     read_override,
 )
 from slurm_ddp_kit.core.settings.schema import (
-    Backend,
     Config,
     ConfigError,
 )
+from slurm_ddp_kit.launch import backends
 from slurm_ddp_kit.launch.checks import check_submission
-from slurm_ddp_kit.launch.dryrun import stand_in_sbatch
-from slurm_ddp_kit.launch.executor import (
-    SubmitError,
-    job_of,
-    keep_logs_private,
-    refusal,
-    resolve_backend,
-    slurm_parameters,
-    task_python,
-    without_enclosing_job,
-)
-from slurm_ddp_kit.launch.follow import interrupted, result_words
-from slurm_ddp_kit.launch.submit import record_job, submit
+from slurm_ddp_kit.launch.follow import result_words
 
 
 def sweep(
     cfgs: list[Config], commands: list[list[str]], parallel: int | None = None
 ) -> Iterator[tuple[Path, submitit.Job[Any]]]:
-    """Submit a grid of configs (each run folder records its own point's command): on Slurm
-    one array (at most `parallel` elements at once); locally one run after another (or
-    `parallel` at a time), each waited for before the next starts."""
+    """Submit a grid of configs (each run folder records its own point's command) as their
+    backend runs a sweep: on Slurm arrays (at most `parallel` elements at once); locally one
+    run after another (or `parallel` at a time), each waited for before the next starts."""
     for cfg in cfgs:
         check_submission(cfg)
-    if resolve_backend(cfgs[0].cluster.backend) == Backend.local:
-        yield from _local_sweep(cfgs, commands, parallel or 1)
-    else:
-        yield from _slurm_sweep(cfgs, commands, parallel)
-
-
-def _local_sweep(
-    cfgs: list[Config], commands: list[list[str]], parallel: int
-) -> Iterator[tuple[Path, submitit.Job[Any]]]:
-    running: list[submitit.Job[Any]] = []
-    for cfg, command in zip(cfgs, commands, strict=True):
-        while len(running) >= parallel:
-            running = [job for job in running if not job.done()]
-            time.sleep(0.5)
-        held = HeldSignals()  # until the caller has the run: it names the run on a signal
-        try:
-            run_dir, job = submit(cfg, command, held=held)
-            running.append(job)
-            yield run_dir, job
-        finally:
-            held.release()
-        if held.signum is not None:
-            raise Interrupted(held.signum)
-    while not all(job.done() for job in running):
-        time.sleep(0.5)
-
-
-def _slurm_sweep(
-    cfgs: list[Config], commands: list[list[str]], parallel: int | None
-) -> Iterator[tuple[Path, submitit.Job[Any]]]:
-    """One array per allocation shape and MaxArraySize runs (`_arrays`), each made,
-    submitted and recorded in turn; an array Slurm refuses takes its run folders with it, and
-    says how many went in. A signal ends the sweep before the next run folder; the runs in the
-    queue are the caller's (yielded) and recorded by then. A second signal ends it at once
-    (a hanging sbatch), but never between an array's submission and its runs' records."""
-    made = runfolder.folders_to_make(cfgs[0].output.root)
-    held = HeldSignals()  # from the first run folder until the caller has every run
-    held.hold()
-    try:
-        for start, end in _arrays(cfgs, slurm.max_array_size() or len(cfgs)):
-            part = _array_folders(cfgs[start:end], commands[start:end], held)
-            if held.signum is not None:  # the caller says how many went in
-                _discard_array(part, made)
-                break
-            try:
-                jobs = _array(cfgs[start:end], part, parallel)
-            except SubmitError as err:
-                _discard_array(part, made)
-                went = f"; the first {start} runs were submitted (`launch status`)" if start else ""
-                raise SubmitError(f"{err}{went}") from None
-            with held.firmly():
-                for run_dir, job in zip(part, jobs, strict=True):
-                    record_job(run_dir, job)
-            yield from zip(part, jobs, strict=True)
-    finally:
-        held.release()
-    if held.signum is not None:
-        raise Interrupted(held.signum)
-
-
-def _arrays(cfgs: list[Config], size: int) -> Iterator[tuple[int, int]]:
-    """The sweep's arrays, as (first, end) of its points: points in a row that ask Slurm for the
-    same allocation share one, cut at the cluster's MaxArraySize (its limit on an array's
-    indices). A sweep of dp,ddp is a DP array (one task per node with all of its CPUs, as a lone
-    `submit --mode dp` gets) and a DDP array (a task per GPU), whose figures compare alike."""
-    first = 0
-    while first < len(cfgs):
-        end, shape = first + 1, _allocation(cfgs[first])
-        while end < len(cfgs) and end - first < size and _allocation(cfgs[end]) == shape:
-            end += 1
-        yield first, end
-        first = end
-
-
-def _allocation(cfg: Config) -> str:
-    """What an element asks sbatch for, its name aside: elements alike share an array."""
-    asked = slurm_parameters(cfg, "")
-    return repr(sorted((key, value) for key, value in asked.items() if key != "job_name"))
-
-
-def _array_folders(cfgs: list[Config], commands: list[list[str]], held: HeldSignals) -> list[Path]:
-    """An array's run folders, made until a signal comes (a second one: none left behind)."""
-    part: list[Path] = []
-    try:
-        for cfg, command in zip(cfgs, commands, strict=True):
-            if held.signum is not None:
-                break
-            part.append(runfolder.create(cfg, "launch sweep", "slurm", command))
-    except KeyboardInterrupt:
-        _discard_array(part, [])
-        raise
-    return part
-
-
-def _discard_array(run_dirs: list[Path], made: list[Path]) -> None:
-    """An array's run folders that no job runs in, and its logs' folder (`sweeps/` too where
-    nothing else is left in it)."""
-    logs = [runfolder.sweep_logs_dir(run_dirs[0])] if run_dirs else []
-    runfolder.discard([*run_dirs, *logs], [*(path.parent for path in logs), *made])
-
-
-def _array(
-    cfgs: list[Config], run_dirs: list[Path], parallel: int | None
-) -> list[submitit.Job[Any]]:
-    """One Slurm array of these runs; SubmitError with sbatch's words if Slurm refuses it."""
-    logs = runfolder.sweep_logs_dir(run_dirs[0])
-    executor = _array_executor(cfgs, logs, run_dirs[0], parallel)
-    try:
-        with without_enclosing_job(), contextlib.redirect_stderr(io.StringIO()):
-            return executor.map_array(job_of(cfgs[0], element=True), [str(d) for d in run_dirs])
-    except (submitit.core.utils.FailedSubmissionError, submitit.core.utils.FailedJobError) as err:
-        raise SubmitError(refusal(err, f"the sweep's array of {len(run_dirs)} runs")) from None
-
-
-def _array_executor(
-    cfgs: list[Config], logs: Path, first: Path, parallel: int | None
-) -> submitit.SlurmExecutor:
-    """One array's executor (its elements ask for one allocation alike: `_arrays`), its
-    elements started as every job's tasks are."""
-    # Each element checks its own cluster.max_requeues first; submitit's count must not end it sooner.
-    most = max(c.cluster.max_requeues for c in cfgs)
-    shape = cfgs[0]
-    keep_logs_private(logs)
-    executor = submitit.SlurmExecutor(folder=logs, max_num_timeout=most, python=task_python(shape))
-    executor.update_parameters(**slurm_parameters(shape, f"sweep-{first.name}"))
-    # No --parallel: every element may run at once (submitit's own default caps an array at 256).
-    executor.update_parameters(array_parallelism=parallel or len(cfgs))
-    return executor
+    yield from backends.chosen(cfgs[0]).sweep(cfgs, commands, parallel)
 
 
 def sweep_dry_run(cfgs: list[Config], parallel: int | None = None) -> str:
     """What `sweep` would do, refusing what it would refuse: each run's grid point and folder,
-    and on Slurm the array's exact batch script. Nothing is created."""
+    and the backend's part (on Slurm each array's exact batch script). Nothing is created."""
     for cfg in cfgs:
         check_submission(cfg, dry_run=True)
     run_dirs = [runfolder.check_root(c.output.root) / runfolder.new_name(c) for c in cfgs]
     head = "".join(f"run folder (made on submit): {d}\n" for d in run_dirs)
-    if resolve_backend(cfgs[0].cluster.backend) == Backend.local:
-        at_once = parallel or 1
-        return f"{head}backend: local (submitit LocalExecutor), {at_once} run(s) at a time\n"
-    arrays = list(_arrays(cfgs, len(cfgs)))  # the cluster's MaxArraySize is not asked for
-    said = [f"{head}backend: slurm (submitit SlurmExecutor), {len(arrays)} array(s)\n"]
-    for first, end in arrays:
-        script = _array_script(cfgs[first:end], run_dirs[first:end], parallel)
-        said.append(f"\narray of points {first}-{end - 1}:\n{script}")
-    return "".join(said)
-
-
-def _array_script(cfgs: list[Config], run_dirs: list[Path], parallel: int | None) -> str:
-    with (
-        tempfile.TemporaryDirectory(prefix="kit-dry-run-") as scratch,
-        stand_in_sbatch(Path(scratch)) as captured,
-    ):
-        logs = Path(scratch) / "logs"
-        executor = _array_executor(cfgs, logs, run_dirs[0], parallel)
-        executor.map_array(job_of(cfgs[0], element=True), [str(d) for d in run_dirs])
-        return captured.read_text().replace(str(logs), str(runfolder.sweep_logs_dir(run_dirs[0])))
+    return head + backends.chosen(cfgs[0]).sweep_dry_run(cfgs, run_dirs, parallel)
 
 
 def points(args: argparse.Namespace) -> list[tuple[str, ...]]:
@@ -250,17 +85,15 @@ def run(args: argparse.Namespace, points: list[tuple[str, ...]], cfgs: list[Conf
     except KeyboardInterrupt as err:  # locally the sweep waits for its runs: ends them cleanly
         _say_interrupted(err, submitted, len(cfgs))
         return exit_status(err)
-    return _local_sweep_result(submitted)
+    return _sweep_result(submitted)
 
 
 def _say_interrupted(err: KeyboardInterrupt, submitted: list[tuple[Path, Any]], runs: int) -> None:
-    """An interrupted sweep: its local runs ended cleanly, and what goes on of it, in words."""
-    queued = [run_dir for run_dir, job in submitted if isinstance(job, submitit.SlurmJob)]
-    for run_dir, job in submitted:
-        if isinstance(job, submitit.LocalJob) and _in_flight(run_dir, job):
-            print(printable(interrupted(job, run_dir, err)), file=sys.stderr, flush=True)
-    if queued:  # one line, not a Slurm query and a line per run
-        print(f"{interrupt_word(err)}: {_queued_words(queued, submitted)}", file=sys.stderr)
+    """An interrupted sweep, in words: what became of its submitted runs (the backend's: local
+    runs ended cleanly, Slurm's going on), and how many were not submitted."""
+    if submitted:
+        for line in backends.of_job(submitted[0][1]).sweep_interrupted(err, submitted):
+            print(printable(line), file=sys.stderr, flush=True)
     if len(submitted) < runs:
         print(
             f"{interrupt_word(err)}: {runs - len(submitted)} of the sweep's "
@@ -269,47 +102,13 @@ def _say_interrupted(err: KeyboardInterrupt, submitted: list[tuple[Path, Any]], 
         )
 
 
-SWEEP_RUNS_NAMED = 6  # an interrupted sweep's hint names its run folders up to this many
-
-
-def _queued_words(queued: list[Path], submitted: list[tuple[Path, Any]]) -> str:
-    """What goes on of an interrupted Slurm sweep, and how to follow or cancel it alone (its
-    root may hold other runs): its run folders, or, for many, its job arrays."""
-    if len(queued) <= SWEEP_RUNS_NAMED:
-        runs = " ".join(map(str, queued))
-        return (
-            f"the sweep's {len(queued)} submitted Slurm job(s) go on: `python -m launch status "
-            f"{runs}`, `python -m launch cancel {runs}`"
-        )
-    arrays = " ".join(dict.fromkeys(str(job.job_id).split("_")[0] for _, job in submitted))
-    return (
-        f"the sweep's {len(queued)} submitted Slurm job(s) go on, in job array(s) {arrays}: "
-        f"`python -m launch status {queued[0].parent}` lists them among that folder's runs; "
-        f"`scancel {arrays}` cancels them alone"
-    )
-
-
-def _in_flight(run_dir: Path, job: Any) -> bool:
-    """A local run that an interrupt may have ended: still running, or ended with neither a
-    summary nor a failure of its own (the terminal's Ctrl-C reached its controller and ranks
-    before this process could cancel it)."""
-    if not job.done():
-        return True
-    if runfolder.of_kind(runfolder.read_rank(run_dir, 0), "summary"):
-        return False
-    first = failures.first_failure(run_dir)
-    return first is None or str(first.get("error", "")).startswith("KeyboardInterrupt")
-
-
-def _local_sweep_result(submitted: list[tuple[Path, Any]]) -> int:
-    """A local sweep has waited for its runs: 1, with a line per failed run, if any failed.
-    (A Slurm sweep's runs are still queued: `launch status` follows them.)"""
-    import submitit
-
+def _sweep_result(submitted: list[tuple[Path, Any]]) -> int:
+    """A sweep whose backend waited for its runs (locally): 1, with a line per failed run, if
+    any failed. (A Slurm sweep's runs are still queued: `launch status` follows them.)"""
     from slurm_ddp_kit.launch.jobs import failure_line
 
-    local = [run_dir for run_dir, job in submitted if isinstance(job, submitit.LocalJob)]
-    summaries = {d: runfolder.of_kind(runfolder.read_rank(d, 0), "summary") for d in local}
+    ended = [d for d, job in submitted if backends.of_job(job).sweep_waits]
+    summaries = {d: runfolder.of_kind(runfolder.read_rank(d, 0), "summary") for d in ended}
     for run_dir, summary in summaries.items():  # each run's result, in the order submitted
         if summary:
             print(printable(f"{run_dir.name}: {result_words(summary[-1])}"), flush=True)
@@ -318,11 +117,11 @@ def _local_sweep_result(submitted: list[tuple[Path, Any]]) -> int:
         if not summaries[run_dir]:  # a diverged run has said so above
             line = failure_line(run_dir) or f"{run_dir.name}: ended without a summary"
             print(printable(line), file=sys.stderr)
-    if local:
-        print(f"{len(local) - len(failed)} of the sweep's {len(local)} runs completed", flush=True)
+    if ended:
+        print(f"{len(ended) - len(failed)} of the sweep's {len(ended)} runs completed", flush=True)
     if failed:
         print(
-            f"{len(failed)} of the sweep's {len(local)} runs failed: see "
+            f"{len(failed)} of the sweep's {len(ended)} runs failed: see "
             "`python -m launch logs RUN`",
             file=sys.stderr,
         )

@@ -1,7 +1,9 @@
 """The rules a config must meet, whoever made it, and the sizes derived from it.
 
 `validate` runs in the launcher before any file is made and again inside the job; its errors name
-the key and the fix. What a strategy accepts is the strategy's own rule (`core.strategies`).
+the key and the fix. What a strategy accepts is the strategy's own rule (`core.strategies`); what
+a backend accepts (Slurm's names, GPU type and sbatch options; the local backend's one machine)
+is the backend's own, which the launcher checks of every config it reads (`launch.backends`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from slurm_ddp_kit.core.settings.schema import (
     FACTORY,
     FACTORY_RULE,
     MODELS,
-    Backend,
     CommHook,
     CompileMode,
     Config,
@@ -66,14 +67,6 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 NAME_RULE = "letters, digits, '.', '_' and '-' (at most 64, starting with a letter or digit)"
 
-_SBATCH_KEY = re.compile(r"[a-z][a-z0-9_-]*")
-
-# Settings Slurm takes as names (comma lists, and for a constraint & | [ ] * ! ( )): no space,
-# quote, backslash or comment sign, which would change how sbatch reads the line.
-_SLURM_NAMES = ("cluster.partition", "cluster.account", "cluster.qos", "cluster.constraint")
-_GRES_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_NAME_BREAKERS = re.compile(r"""[\s'"\\#`$]""")
-
 
 def check_ranges(cfg: Config) -> None:
     """Every count and size within what the kit runs with (the first one out of range raises):
@@ -102,20 +95,14 @@ def _check_program(cfg: Config) -> None:
 
 
 def validate(cfg: Config) -> None:
-    """Every rule a config must meet, whoever made it; the first one broken raises."""
+    """Every rule a config must meet, whoever made it, a backend's own aside; the first one
+    broken raises."""
     strategy = strategies.of(cfg)  # an unknown mode first: it names the valid ones
     check_ranges(cfg)
     _check_text(dataclasses.asdict(cfg), "")
-    for key in _SLURM_NAMES:
-        _check_slurm_name(key, _get(cfg, key))
     t, c = cfg.train, cfg.cluster
     if cfg.program:
         _check_program(cfg)
-    if c.gpu_type and not _GRES_TYPE.fullmatch(c.gpu_type):
-        raise ConfigError(
-            f"cluster.gpu_type={c.gpu_type!r} is not a GPU type name: letters, digits, '.', '_' "
-            "and '-', as `sinfo -o '%G'` lists them (gpu:TYPE:COUNT), e.g. cluster.gpu_type=a100"
-        )
     if not (math.isfinite(t.lr) and t.lr > 0):
         raise ConfigError(f"train.lr={t.lr} must be a positive number, e.g. train.lr=0.01")
     if not 0 < t.target_accuracy <= 1:
@@ -148,22 +135,10 @@ def validate(cfg: Config) -> None:
             f"output.name={cfg.output.name!r} may hold only {NAME_RULE}: it becomes part of a "
             "folder name and of Slurm's log paths, e.g. output.name=lr-0.1"
         )
-    # The strategy's own rules (an unknown mode, DP on several nodes, …) before the backend's; a
-    # program's DP shape is one task per node, on as many nodes as it asks.
+    # The strategy's own rules (an unknown mode, DP on several nodes, …); a program's DP shape
+    # is one task per node, on as many nodes as it asks.
     if not cfg.program:
         strategy.check(cfg)
-    if c.backend == Backend.local and c.nodes > 1:
-        raise ConfigError(
-            f"the local backend runs on one machine; cluster.nodes={c.nodes} needs "
-            "cluster.backend=slurm (or --nodes 1)"
-        )
-    _check_sbatch_extra(c.sbatch_extra)
-    memory = [key for key in ("mem-per-cpu", "mem-per-gpu") if key in c.sbatch_extra]
-    if memory and c.mem_gb:
-        raise ConfigError(
-            f"cluster.sbatch_extra sets {memory[0]} and cluster.mem_gb={c.mem_gb} sets --mem: "
-            "Slurm takes one of them; drop one"
-        )
     _check_setup(c.setup)
     _check_container(c.container)
     if cfg.program:
@@ -349,50 +324,6 @@ def _check_range(key: str, value: int, low: int, high: int | None) -> None:
         raise ConfigError(f"{key}={value} must be {allowed}")
 
 
-# #SBATCH options the kit writes itself, and the setting that chooses each.
-_SBATCH_OWNED = {
-    "nodes": "cluster.nodes",
-    "N": "cluster.nodes",
-    "ntasks-per-node": "--mode (DP: 1 task; else one per GPU) and cluster.gpus_per_node",
-    "ntasks": "--mode and cluster.gpus_per_node",
-    "gpus-per-node": "cluster.gpus_per_node",
-    "gres": "cluster.gpus_per_node",
-    "cpus-per-task": "cluster.cpus_per_task",
-    "c": "cluster.cpus_per_task",
-    "mem": "cluster.mem_gb",
-    "time": "cluster.timeout_min",
-    "t": "cluster.timeout_min",
-    "partition": "cluster.partition",
-    "p": "cluster.partition",
-    "account": "cluster.account",
-    "A": "cluster.account",
-    "qos": "cluster.qos",
-    "constraint": "cluster.constraint",
-    "C": "cluster.constraint",
-    "exclusive": "cluster.exclusive",
-    "signal": "cluster.signal_delay_s",
-    "output": "output.root (the kit names the logs)",
-    "error": "output.root (the kit names the logs)",
-    "job-name": "output.name",
-    "requeue": "cluster.requeue (normal or expedite) and cluster.max_requeues",
-    "no-requeue": "cluster.max_requeues=0",
-    # Options that would contradict the kit's own lines or the one task layout it writes.
-    "ntasks-per-gpu": "--mode and cluster.gpus_per_node",
-    "n": "--mode and cluster.gpus_per_node",
-    "gpus": "cluster.gpus_per_node",
-    "G": "cluster.gpus_per_node",
-    "gpus-per-task": "cluster.gpu_binding=task",
-    "cpus-per-gpu": "cluster.cpus_per_task",
-    "q": "cluster.qos",
-    "o": "output.root (the kit names the logs)",
-    "e": "output.root (the kit names the logs)",
-    "J": "output.name",
-    "array": "`launch sweep` (it writes the array)",
-    "a": "`launch sweep` (it writes the array)",
-    "wrap": "the kit's batch script (it is the job's command)",
-}
-
-
 def _check_text(values: Any, key: str) -> None:
     """No setting holds a control character or an invisible one: settings are written into the
     job's batch script, where a line break would start a line (a command) of its own, and a
@@ -424,34 +355,6 @@ def check_written(key: str, text: str) -> None:
             f"{key}={text!r} holds {which}: settings go into the job's batch script; write the "
             "value on one line, in characters that can be seen"
         )
-
-
-def _check_slurm_name(key: str, value: str | None) -> None:
-    if value and _NAME_BREAKERS.search(value):  # empty: the default, as when unset
-        raise ConfigError(
-            f"{key}={value!r} is not a Slurm name: no spaces, quotes, backslashes, '#', '$' or "
-            f"'`' (a list is comma-separated, e.g. {key}=a,b), or drop {key} for the default"
-        )
-
-
-def _check_sbatch_extra(extra: dict[str, Any]) -> None:
-    for key, value in extra.items():
-        if key in _SBATCH_OWNED:
-            raise ConfigError(
-                f"cluster.sbatch_extra sets {key}, which the kit writes itself from "
-                f"{_SBATCH_OWNED[key]}: set that instead, and drop {key} from cluster.sbatch_extra"
-            )
-        scalar = isinstance(value, str | int | float | bool)
-        if (
-            not scalar
-            or not _SBATCH_KEY.fullmatch(key)
-            or "\n" in str(value)
-            or not str(value).strip()
-        ):
-            raise ConfigError(
-                f"cluster.sbatch_extra has {key}={value!r}: keys are sbatch option names without "
-                "dashes (e.g. mail-type) and values one non-empty line, e.g. 'cluster.sbatch_extra={mail-type: END}'"
-            )
 
 
 def _check_setup(lines: list[Any]) -> None:
