@@ -2,7 +2,8 @@
 and imports nothing by the short names a user's project may use; imports go analysis → launch →
 core and train → core, the launcher and the analysis start without torch (and so does every
 module of core), only core/runfolder/ spells the run folder's file names, only core/slurm.py
-runs Slurm's commands, and no part of the kit but a strategy's own module names a strategy."""
+runs Slurm's commands, no part of the kit but a strategy's own module names a strategy, and no
+part but a backend's own module (`launch/backends/`) asks which backend runs a job."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ KIT = REPO / "slurm_ddp_kit"
 LAYERS = {"core": set(), "train": {"core"}, "launch": {"core"}, "analysis": {"core", "launch"}}
 RUN_FOLDER_NAMES = ("config.yaml", "run.json", "rank-", "metrics/", "checkpoints/", "_log.out")
 SLURM_COMMANDS = ("sacct", "squeue", "scontrol", "scancel", "sinfo")
+BACKENDS = KIT / "launch" / "backends"
+EXECUTOR_READER = KIT / "core" / "submitted.py"  # the job side's one reader of SUBMITIT_EXECUTOR
+BACKEND_WORDS = {"slurm", "local"}
+SUBMITIT_KINDS = {"LocalJob", "SlurmJob", "LocalExecutor", "SlurmExecutor"}
 
 
 def _modules(package: str) -> list[Path]:
@@ -92,6 +97,13 @@ def test_the_launcher_starts_without_numpy() -> None:
     _assert_not_imported("numpy", launcher)
 
 
+def test_status_and_cancel_start_without_submitit() -> None:
+    """The backends load submitit only where a job is submitted or followed: `launch status`
+    and `cancel` (which ask the backends) pay nothing for it."""
+    readers = ["launch.cli", "launch.jobs", "launch.backends.local", "launch.backends.slurm"]
+    _assert_not_imported("submitit", [f"slurm_ddp_kit.{name}" for name in readers])
+
+
 def _assert_not_imported(module: str, importers: list[str]) -> None:
     """Importing `importers` in a fresh interpreter leaves `module` unimported."""
     code = f"import sys, {', '.join(importers)}; sys.exit({module!r} in sys.modules)"
@@ -142,3 +154,48 @@ def test_the_registry_holds_one_strategy_per_module() -> None:
     )
     # The table's article comparison: exactly two strategies always shown (DP, then DDP).
     assert [c.key for c in strategies.columns() if c.always_shown] == ["dp", "ddp"]
+
+
+def _name(node: ast.AST) -> str:
+    """The name a node spells: a name, an attribute's last part, an imported name; else ''."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.name if isinstance(node, ast.alias) else ""
+
+
+def _words(node: ast.expr) -> set[str]:
+    """The text constants a comparison's operand is, or holds (`x in ("slurm", "local")`)."""
+    items = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+    return {i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)}
+
+
+def _backend_branches(path: Path) -> list[str]:
+    """Where `path` asks which backend runs a job: Backend.local/slurm, submitit's executor and
+    job classes by name, a comparison with "slurm" or "local", SUBMITIT_EXECUTOR read."""
+    reader = path == EXECUTOR_READER
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        where = f"line {getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Attribute) and _name(node.value) == "Backend":
+            found += [f"{where}: Backend.{node.attr}"] if node.attr in BACKEND_WORDS else []
+        if _name(node).rsplit(".", 1)[-1] in SUBMITIT_KINDS:
+            found.append(f"{where}: {_name(node)}")
+        if isinstance(node, ast.Compare) and not reader:
+            words = set().union(*map(_words, [node.left, *node.comparators])) & BACKEND_WORDS
+            found += [f"{where}: compares with {word!r}" for word in sorted(words)]
+        if isinstance(node, ast.Constant) and node.value == "SUBMITIT_EXECUTOR" and not reader:
+            found.append(f"{where}: reads SUBMITIT_EXECUTOR")
+    return found
+
+
+def test_only_a_backend_asks_which_backend_runs_a_job() -> None:
+    """Submission, its checks, the dry run, sweeps, status, cancel and --wait ask the run's
+    backend (`launch.backends`: chosen from the settings, a run folder's record or a job); the
+    job side asks `core.submitted`, the one reader of what submitit says started it. (The
+    settings schema defines the choice `cluster.backend`: a definition, not a question.)"""
+    assert EXECUTOR_READER.is_file() and (BACKENDS / "__init__.py").is_file()
+    outside = [p for p in KIT.rglob("*.py") if BACKENDS not in p.parents]
+    asking = {str(p.relative_to(REPO)): found for p in outside if (found := _backend_branches(p))}
+    assert not asking, asking
