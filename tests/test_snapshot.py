@@ -102,7 +102,7 @@ def test_the_repository_is_copied_as_git_lists_it(
     assert not os.path.lexists(copy / "data")  # a link out of the repository: left out
     assert "leaves out project/data" in caplog.text and len(caplog.records) == 1
     kit = run_dir / "code" / "kit" / "slurm_ddp_kit"
-    assert (kit / "core" / "snapshot.py").is_file()
+    assert (kit / "core" / "snapshot" / "sources.py").is_file()
     assert (kit / "sbatch" / "ddp.sbatch").is_file() and (kit / "examples" / "quick.yaml").is_file()
     assert not list(kit.rglob("__pycache__"))
     commit = git(repo, "rev-parse", "HEAD")
