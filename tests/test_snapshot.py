@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -434,3 +435,26 @@ def test_the_kits_package_data_is_where_pyproject_puts_it() -> None:
     }
     assert declared == snapshot.KIT_DATA
     assert runfolder.code_dir(Path("r")) == Path("r") / runfolder.CODE
+
+
+def test_a_task_started_after_the_setup_lines_runs_the_copy(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lines a job's set-up runs before its tasks: a shell that runs them, then Python, is in
+    the copy of the launching folder and imports the copied kit and project; without a copy
+    there are none."""
+    run_dir = snap(tmp_path, repo, pythonpath=str(repo))
+    (repo / "train.py").write_text("VALUE = 'edited after submission'\n")
+    monkeypatch.setenv("PYTHONPATH", str(repo))
+    lines = snapshot.setup_lines(run_dir)
+    show = (
+        "import os, slurm_ddp_kit, train; print(os.getcwd(), slurm_ddp_kit.__file__, train.VALUE)"
+    )
+    script = "\n".join([*lines, f"{shlex.quote(sys.executable)} -c {shlex.quote(show)}"])
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    code = run_dir / "code"
+    kit_file = code / "kit" / "slurm_ddp_kit" / "__init__.py"
+    assert done.stdout.split() == [str(code / "project"), str(kit_file), "edited"], done.stderr
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    assert snapshot.setup_lines(bare) == []

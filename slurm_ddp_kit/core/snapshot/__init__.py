@@ -28,11 +28,13 @@ from slurm_ddp_kit.core import runfolder
 from slurm_ddp_kit.core.settings.schema import Config, Snapshot
 from slurm_ddp_kit.core.snapshot.manifest import (
     SCHEMA,
+    copied,
     describe,
     describe_plan,
     job_paths,
     manifest_of,
     read_manifest,
+    setup_lines,
     size_words,
 )
 from slurm_ddp_kit.core.snapshot.sources import (
@@ -88,6 +90,7 @@ __all__ = [
     "Part",
     "Plan",
     "SnapshotError",
+    "copied",
     "describe",
     "describe_plan",
     "folder_parts",
@@ -96,6 +99,7 @@ __all__ = [
     "plan",
     "project_part",
     "read_manifest",
+    "setup_lines",
     "share",
     "take",
 ]

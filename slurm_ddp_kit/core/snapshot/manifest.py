@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import re
+import shlex
 import stat
 import time
 from collections.abc import Mapping
@@ -213,6 +214,26 @@ def job_paths(
     workdir = own_dir if copy is None else _inside(run_dir, copy, path)
     pythonpath = [kit, *(mapped.get(entry, entry) for entry in entries)]
     return workdir, list(dict.fromkeys(pythonpath))  # a task's child may ask again: kit/ once
+
+
+def setup_lines(run_dir: Path) -> list[str]:
+    """The shell lines that start a job's tasks in the copy: its folder, and its PYTHONPATH
+    (`job_paths`, from the launcher's own, which the job inherits). They go before the tasks
+    start (the batch script's set-up, the local controller's), so every task's Python imports
+    the copy from its first line; none without a snapshot (the live checkout runs)."""
+    if not copied(run_dir):
+        return []
+    workdir, pythonpath = job_paths(run_dir)
+    return [
+        f"cd {shlex.quote(str(workdir))}",
+        f"export PYTHONPATH={shlex.quote(os.pathsep.join(pythonpath))}",
+    ]
+
+
+def copied(run_dir: Path) -> bool:
+    """Whether the run's jobs run a copy of the code (its manifest read and checked)."""
+    manifest = read_manifest(run_dir)
+    return bool(manifest and manifest["copied"])
 
 
 def _inside(run_dir: Path, rel: str, manifest: Path) -> Path:
