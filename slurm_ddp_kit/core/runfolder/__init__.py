@@ -72,6 +72,13 @@ PROGRAM_CHECKPOINTS = "checkpoints/program"  # a user's program saves here (slur
 STORE_PORT = "store-{job}.port"
 
 
+# The code the run's jobs run, copied at submission (core.snapshot): kit/, project/, folders/.
+CODE = "code"
+
+
+CODE_MANIFEST = "code/manifest.json"  # written last: a code/ without it is cut short, never used
+
+
 CLAIM = ".submitting"  # locked while a launcher checks the folder is free and submits into it
 
 
@@ -786,6 +793,14 @@ def _sync_folder(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def code_dir(run_dir: Path) -> Path:
+    return run_dir / CODE
+
+
+def code_manifest(run_dir: Path) -> Path:
+    return run_dir / CODE_MANIFEST
 
 
 def logs_dir(run_dir: Path) -> Path:

@@ -329,7 +329,8 @@ def _as_written(value: Any, node: yaml.Node | None, hint: Any, key: str) -> Any:
     """`value` as OmegaConf read it from YAML `node`, with every text setting exactly as written.
 
     OmegaConf reads YAML 1.1, where `0123` is the number 83, `yes` is true and `1:30` is 90, and
-    then turns those into the strings '83', 'True' and '90' for a setting typed `str`. Booleans
+    then turns those into the strings '83', 'True' and '90' for a setting typed `str` (and a
+    choice's `on` and `off` into booleans, no choice at all). Booleans
     written as numbers other than 0 and 1 (-1, 0x10) are refused rather than taken as true.
     """
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -354,6 +355,8 @@ def _as_written(value: Any, node: yaml.Node | None, hint: Any, key: str) -> Any:
     if not isinstance(node, yaml.ScalarNode) or (node.tag == _NULL and node.style is None):
         return value
     if hint is str or (origin in (typing.Union, types.UnionType) and str in args):
+        return node.value
+    if isinstance(hint, type) and issubclass(hint, Choice):  # code.snapshot=off is text, not false
         return node.value
     if hint is bool and node.tag in _NUMBERS and node.value not in ("0", "1"):
         raise ConfigError(f"{key}={node.value} must be true or false")

@@ -59,7 +59,11 @@ _RANGES: dict[str, tuple[int, int | None]] = {
     "cluster.requeues_without_progress": (0, 1000),
     "dist.timeout_s": (1, 7 * 24 * 3600),
     "output.progress_s": (0, 24 * 3600),
+    "code.max_mb": (1, 1 << 20),  # a TiB: a copy made at every submission
 }
+
+# What to do instead, for a range whose bound alone does not say it.
+_RANGE_FIXES = {"code.max_mb": "to copy no code at all, set code.snapshot=off"}
 
 _DEFAULTS = Config()  # a setting equal to its value here was left unset
 
@@ -73,6 +77,17 @@ def check_ranges(cfg: Config) -> None:
     checked again where settings are read back, as a hand-edited run folder may break them."""
     for key, (low, high) in _RANGES.items():
         _check_range(key, _get(cfg, key), low, high)
+
+
+def _check_code_folders(folders: list[str]) -> None:
+    """Each folder of code.folders a path (whether it is a folder is asked where the launcher
+    copies it: the job may start elsewhere)."""
+    for folder in folders:
+        if not folder.strip():
+            raise ConfigError(
+                "code.folders holds an empty path: give each folder of code to copy, absolute or "
+                "relative to where you launch, e.g. 'code.folders=[../mylib]'"
+            )
 
 
 def _check_program(cfg: Config) -> None:
@@ -100,6 +115,7 @@ def validate(cfg: Config) -> None:
     strategy = strategies.of(cfg)  # an unknown mode first: it names the valid ones
     check_ranges(cfg)
     _check_text(dataclasses.asdict(cfg), "")
+    _check_code_folders(cfg.code.folders)
     t, c = cfg.train, cfg.cluster
     if cfg.program:
         _check_program(cfg)
@@ -321,7 +337,8 @@ def check_hardware(cfg: Config, gpus_visible: int, local_tasks: int) -> None:
 def _check_range(key: str, value: int, low: int, high: int | None) -> None:
     if value < low or (high is not None and value > high):
         allowed = f"at least {low}" if high is None else f"between {low} and {high}"
-        raise ConfigError(f"{key}={value} must be {allowed}")
+        fix = f"; {_RANGE_FIXES[key]}" if key in _RANGE_FIXES and value < low else ""
+        raise ConfigError(f"{key}={value} must be {allowed}{fix}")
 
 
 def _check_text(values: Any, key: str) -> None:

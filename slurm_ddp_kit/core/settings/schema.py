@@ -109,6 +109,14 @@ class Requeue(Choice):
     expedite = "expedite"
 
 
+class Snapshot(Choice):
+    """Whether a run's jobs run a copy of the code made at submission (`core.snapshot`)."""
+
+    auto = "auto"  # copy where the copy is at most code.max_mb, else run the live code, warned
+    on = "on"  # always copy: over code.max_mb is an error
+    off = "off"  # run the live code: an edit after submission changes what the jobs run
+
+
 class DistBackend(Choice):
     auto = "auto"  # nccl with CUDA, else gloo
     nccl = "nccl"
@@ -234,6 +242,20 @@ class OutputConfig:
 
 
 @dataclass
+class CodeConfig:
+    """The copy of the code a run's queued, requeued and resumed jobs run (`core.snapshot`): the
+    kit, the launching folder's git repository (its files as git lists them) and these folders."""
+
+    snapshot: Snapshot = Snapshot.auto
+    # More folders of code to copy besides the repository: absolute, or relative to where the
+    # launcher starts (a library of the user's outside the repository, say).
+    folders: list[str] = field(default_factory=list)
+    # The most the copy may be, in MB (2**20 bytes), counted before anything is copied: a copy
+    # is made per submission (a sweep's runs share one), so a large one costs time and quota.
+    max_mb: int = 64
+
+
+@dataclass
 class Config:
     mode: str = "ddp"  # a strategy's name (core.strategies), checked by core.settings.rules
     task: Task = Task.train
@@ -247,3 +269,4 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    code: CodeConfig = field(default_factory=CodeConfig)
