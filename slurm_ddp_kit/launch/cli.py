@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from slurm_ddp_kit.core import container, runfolder, slurm, strategies
+from slurm_ddp_kit.core import container, runfolder, slurm, snapshot, strategies
 from slurm_ddp_kit.core.cli import (
     CONFIG_HELP,
     ENDING,
@@ -28,8 +28,10 @@ from slurm_ddp_kit.core.cli import (
 from slurm_ddp_kit.core.errors import KitError
 from slurm_ddp_kit.core.settings.loading import load_config, to_yaml
 from slurm_ddp_kit.core.settings.schema import Config, ConfigError, Requeue
+from slurm_ddp_kit.core.snapshot import SnapshotError
 from slurm_ddp_kit.core.strategies import STRATEGIES
 from slurm_ddp_kit.launch import backends, files
+from slurm_ddp_kit.launch.code import CodeCopy
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m launch") -> int:
@@ -267,8 +269,12 @@ def _unless_interrupted(held: HeldSignals) -> None:
 
 
 def _say_submitted(job: Any, run_dir: Path) -> None:
+    """The job, its run folder, and which code it runs (a copy made at submission, or not)."""
+    from slurm_ddp_kit.core import snapshot
+
     print(f"submitted job {job.job_id}")
-    print(f"run folder: {run_dir}", flush=True)
+    print(f"run folder: {run_dir}")
+    print(snapshot.describe(run_dir), flush=True)
 
 
 def _follow(
@@ -310,15 +316,32 @@ def _prepare(args: argparse.Namespace) -> int:
         # What `launch submit` asks of a new run: its program found here, or its data and
         # factories (the job tries the workload itself).
         check_inputs(cfg, trial=False)
-        backend = backends.of_sbatch_scripts().name
-        run_dir = runfolder.create(cfg, launcher=args.launcher, backend=backend, command=sys.argv)
-        runfolder.update_meta(run_dir, job_id=job_id)
-    if args.shell:  # the paths, then the task's command (inside the container, if one is set)
-        words = container.shell_assignments(cfg)
+        run_dir = _prepared_folder(cfg, args.launcher, job_id)
+    if args.shell:  # the paths, then the task's command (inside the container, if one is set),
+        # then the lines that start the tasks in the run's code copy (a requeue's too)
+        words = container.shell_assignments(cfg) + "".join(
+            f"{line}\n" for line in snapshot.setup_lines(run_dir)
+        )
         print(runfolder.shell_assignments(run_dir) + words, end="")
     else:
         print(run_dir)
     return 0
+
+
+def _prepared_folder(cfg: Config, launcher: str, job_id: str | None) -> Path:
+    """A batch job's new run folder, with its copy of the code: made as the job starts (the
+    scripts' jobs are queued by sbatch, without the kit), so it keeps what a requeue runs."""
+    code = CodeCopy(cfg)
+    made = runfolder.folders_to_make(cfg.output.root)
+    backend = backends.of_sbatch_scripts().name
+    run_dir = runfolder.create(cfg, launcher=launcher, backend=backend, command=sys.argv)
+    try:
+        code.give(run_dir)
+    except SnapshotError:
+        runfolder.discard([run_dir], made)
+        raise
+    runfolder.update_meta(run_dir, job_id=job_id)
+    return run_dir
 
 
 def _check_expedited(cfg: Config, job_id: str | None) -> None:

@@ -13,30 +13,34 @@ from typing import Any
 
 import submitit
 
-from slurm_ddp_kit.core import runfolder
+from slurm_ddp_kit.core import runfolder, snapshot
 from slurm_ddp_kit.core.cli import HeldSignals
 from slurm_ddp_kit.core.settings.schema import Config
+from slurm_ddp_kit.core.snapshot import SnapshotError
 from slurm_ddp_kit.launch import backends
 from slurm_ddp_kit.launch.backends import Backend, SubmitError
 from slurm_ddp_kit.launch.checks import check_submission
+from slurm_ddp_kit.launch.code import CodeCopy
 from slurm_ddp_kit.launch.executor import job_of, log, without_enclosing_job
 
 
 def submit(
-    cfg: Config, command: list[str], held: HeldSignals | None = None
+    cfg: Config, command: list[str], held: HeldSignals | None = None, code: CodeCopy | None = None
 ) -> tuple[Path, submitit.Job[Any]]:
-    """Check, create the run folder, then submit the training job into it; `held`: the ending
-    signals, held from the folder's making on (the caller releases them once it has named the
-    job)."""
+    """Check, create the run folder, give it the code its job runs (`code`: a sweep's shared
+    copy; else one of its own), then submit the job into it; `held`: the ending signals, held
+    from the folder's making on (the caller releases them once it has named the job)."""
     backend = check_submission(cfg)
+    code = code or CodeCopy(cfg)
     if held:
         held.hold()
     made = runfolder.folders_to_make(cfg.output.root)
     run_dir = runfolder.create(cfg, launcher="launch", backend=backend.name, command=command)
     log.debug("backend %s, run folder %s, data under %s", backend.name, run_dir, cfg.data.root)
     try:
+        code.give(run_dir)
         return run_dir, _submit_into(cfg, run_dir, backend)
-    except SubmitError:
+    except (SubmitError, SnapshotError):
         runfolder.discard([run_dir], made)  # made for this job alone: nothing ran in it
         raise
 
@@ -49,7 +53,7 @@ def _submit_into(cfg: Config, run_dir: Path, backend: Backend) -> submitit.Job[A
         with (
             without_enclosing_job(),
             contextlib.redirect_stderr(io.StringIO()),
-            backend.submitting(),
+            backend.submitting(run_dir),
         ):
             job = executor.submit(job_of(cfg), str(run_dir))
     except (submitit.core.utils.FailedSubmissionError, submitit.core.utils.FailedJobError) as err:
@@ -85,6 +89,7 @@ def _resume_claimed(run_dir: Path, held: HeldSignals | None) -> submitit.Job[Any
     if finished(run_dir, runfolder.read_rank(run_dir, 0)):
         raise SubmitError(f"{run_dir.name} has finished: there is nothing to resume")
     runfolder.saved_state(run_dir)  # one that is no file is refused, not taken for none
+    snapshot.read_manifest(run_dir)  # a damaged code copy is refused, not run
     cfg = runfolder.load_job_config(run_dir)
     backends.check_settings(cfg)  # the backends' own rules, which the config's load leaves out
     backend = check_submission(cfg)

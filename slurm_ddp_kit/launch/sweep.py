@@ -33,6 +33,7 @@ from slurm_ddp_kit.core.settings.schema import (
 )
 from slurm_ddp_kit.launch import backends
 from slurm_ddp_kit.launch.checks import check_submission
+from slurm_ddp_kit.launch.code import CodeCopy
 from slurm_ddp_kit.launch.follow import result_words
 
 
@@ -44,7 +45,8 @@ def sweep(
     run after another (or `parallel` at a time), each waited for before the next starts."""
     for cfg in cfgs:
         check_submission(cfg)
-    yield from backends.chosen(cfgs[0]).sweep(cfgs, commands, parallel)
+    code = CodeCopy(cfgs[0])  # one copy for every run, planned before any is made
+    yield from backends.chosen(cfgs[0]).sweep(cfgs, commands, parallel, code)
 
 
 def sweep_dry_run(cfgs: list[Config], parallel: int | None = None) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 from slurm_ddp_kit.core import runfolder
 from slurm_ddp_kit.core.snapshot.sources import (
+    CONTAINER,
     FOLDERS,
     KIT,
     MB,
@@ -280,6 +281,8 @@ def _why_not(manifest: Mapping[str, Any], verb: str = "was") -> str:
             f"the code {verb} {size_words(manifest['bytes'])}, over code.max_mb={manifest['max_mb']}: "
             "raise code.max_mb to copy it"
         )
+    if manifest["why"] == CONTAINER:
+        return "a container runs the code it mounts from the checkout"
     return "code.snapshot=off"
 
 

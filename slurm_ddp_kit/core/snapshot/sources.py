@@ -22,6 +22,8 @@ PACKAGE = Path(__file__).resolve().parents[2]  # this kit's slurm_ddp_kit/
 # code/'s parts: the kit's package copies to kit/slurm_ddp_kit, so that kit/ on PYTHONPATH
 # imports it (and nothing of the checkout's top: a `train` of its there would shadow the user's).
 KIT, PROJECT, FOLDERS = "kit", "project", "folders"
+# Why a run has no copy, besides code.snapshot=off and code.max_mb: it runs in a container.
+CONTAINER = "container"
 
 
 # The package data a wheel ships inside the package, and where a checkout keeps it (pyproject.toml's
@@ -79,7 +81,7 @@ class Part:
 @dataclasses.dataclass
 class Plan:
     """What a submission's snapshot copies, counted; `why`: why nothing is copied ('' where it
-    is: 'off', or 'over' code.max_mb)."""
+    is: 'off', 'over' code.max_mb, or 'container')."""
 
     code: CodeConfig
     workdir: Path  # the launching folder, real

@@ -34,6 +34,8 @@ from slurm_ddp_kit.core.settings.schema import Config
 if TYPE_CHECKING:
     import submitit
 
+    from slurm_ddp_kit.launch.code import CodeCopy
+
     Job = submitit.Job[Any]
 
 __all__ = [
@@ -143,8 +145,9 @@ class Backend(abc.ABC):
     def executor(self, cfg: Config, run_dir: Path) -> submitit.Executor:
         """The submitit executor of a run's job, its logs in the run folder."""
 
-    def submitting(self) -> contextlib.AbstractContextManager[None]:
-        """What surrounds a submission (the shared parts aside: `launch.submit`)."""
+    def submitting(self, run_dir: Path) -> contextlib.AbstractContextManager[None]:
+        """What surrounds the submission of a run's job (the shared parts aside:
+        `launch.submit`)."""
         return contextlib.nullcontext()
 
     @abc.abstractmethod
@@ -211,10 +214,11 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def sweep(
-        self, cfgs: list[Config], commands: list[list[str]], parallel: int | None
+        self, cfgs: list[Config], commands: list[list[str]], parallel: int | None, code: CodeCopy
     ) -> Iterator[tuple[Path, Job]]:
         """Submit a sweep's checked configs (`parallel`: at most that many at once), each run
-        folder recording its own point's command; yields each run as it is submitted."""
+        folder recording its own point's command and given the sweep's one code copy (`code`);
+        yields each run as it is submitted."""
 
     @abc.abstractmethod
     def sweep_dry_run(self, cfgs: list[Config], run_dirs: list[Path], parallel: int | None) -> str:

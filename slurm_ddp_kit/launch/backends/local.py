@@ -25,6 +25,7 @@ from slurm_ddp_kit.core.runfolder import failures
 from slurm_ddp_kit.core.settings import rules, schema
 from slurm_ddp_kit.core.settings.schema import Config, ConfigError, ContainerRuntime, Requeue
 from slurm_ddp_kit.launch.backends import Backend, SchedulerState, Seen, Watch
+from slurm_ddp_kit.launch.code import CodeCopy, started_in_copy
 
 if TYPE_CHECKING:
     import submitit
@@ -89,8 +90,13 @@ class Local(Backend):
         )
         return local
 
-    def submitting(self) -> contextlib.AbstractContextManager[None]:
-        return _detached_output()
+    @contextlib.contextmanager
+    def submitting(self, run_dir: Path) -> Iterator[None]:
+        """The controller starts from here without a shell (its PID is the job's: `cancel`
+        signals it), so it inherits the run's code copy as this process's folder and PYTHONPATH
+        (`launch.code.started_in_copy`), and /dev/null for output."""
+        with started_in_copy(run_dir), _detached_output():
+            yield
 
     def refusal(self, err: Exception, what: str = "the job") -> str:
         return f"the local executor could not start {what}: {err}"
@@ -160,7 +166,7 @@ class Local(Backend):
         )
 
     def sweep(
-        self, cfgs: list[Config], commands: list[list[str]], parallel: int | None
+        self, cfgs: list[Config], commands: list[list[str]], parallel: int | None, code: CodeCopy
     ) -> Iterator[tuple[Path, Job]]:
         """Each run submitted as `launch submit` submits it, at most `parallel` (default 1)
         running at once; returns once every run has ended."""
@@ -173,7 +179,7 @@ class Local(Backend):
                 time.sleep(0.5)
             held = HeldSignals()  # until the caller has the run: it names the run on a signal
             try:
-                run_dir, job = submit(cfg, command, held=held)
+                run_dir, job = submit(cfg, command, held=held, code=code)
                 running.append(job)
                 yield run_dir, job
             finally:

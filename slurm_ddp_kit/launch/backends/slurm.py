@@ -29,6 +29,7 @@ from slurm_ddp_kit.core.settings.schema import (
     Requeue,
 )
 from slurm_ddp_kit.launch.backends import Backend, JobError, SchedulerState, Seen, Watch
+from slurm_ddp_kit.launch.code import CodeCopy, job_setup
 
 if TYPE_CHECKING:
     import submitit
@@ -181,12 +182,12 @@ class Slurm(Backend):
         )
 
     def sweep(
-        self, cfgs: list[Config], commands: list[list[str]], parallel: int | None
+        self, cfgs: list[Config], commands: list[list[str]], parallel: int | None, code: CodeCopy
     ) -> Iterator[tuple[Path, Job]]:
         """One array per allocation shape (`slurm_submit.sweep`)."""
         from slurm_ddp_kit.launch.backends import slurm_submit
 
-        return slurm_submit.sweep(self, cfgs, commands, parallel)
+        return slurm_submit.sweep(self, cfgs, commands, parallel, code)
 
     def sweep_dry_run(self, cfgs: list[Config], run_dirs: list[Path], parallel: int | None) -> str:
         from slurm_ddp_kit.launch.backends import slurm_submit
@@ -234,8 +235,9 @@ def _word(state: str) -> str:
 # --- what goes to sbatch --------------------------------------------------------------------
 
 
-def parameters(cfg: Config, run_name: str) -> dict[str, Any]:
-    """SlurmExecutor parameters; DP is one task holding the node's GPUs, DDP one task per GPU."""
+def parameters(cfg: Config, run_name: str, code_from: Path | None = None) -> dict[str, Any]:
+    """SlurmExecutor parameters; DP is one task holding the node's GPUs, DDP one task per GPU.
+    `code_from`: the run folder whose code copy the tasks start in (`launch.code.job_setup`)."""
     c = cfg.cluster
     typed = f"{c.gpu_type}:" if c.gpu_type else ""  # a cluster's GPU model: gpu:a100:4
     gpus = (
@@ -256,7 +258,7 @@ def parameters(cfg: Config, run_name: str) -> dict[str, Any]:
         "cpus_per_task": cpus_per_task(cfg),
         "time": c.timeout_min,
         "signal_delay_s": signal_delay_s(cfg),
-        "setup": [slurm.BATCH_START, *container.setup_lines(cfg), *c.setup],
+        "setup": [slurm.BATCH_START, *job_setup(cfg, code_from)],
         # One rank failing ends the job, not a hang. A typed --gpus-per-task reaches the step
         # untyped: under Slurm 22.05 a step that inherits `a100:1` is bound to no GPU at all
         # (measured on the test cluster); the allocation already holds the type.

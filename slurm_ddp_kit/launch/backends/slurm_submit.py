@@ -17,8 +17,10 @@ import submitit
 from slurm_ddp_kit.core import runfolder, slurm
 from slurm_ddp_kit.core.cli import HeldSignals, Interrupted
 from slurm_ddp_kit.core.settings.schema import Config
+from slurm_ddp_kit.core.snapshot import SnapshotError
 from slurm_ddp_kit.launch.backends import Backend, SubmitError
 from slurm_ddp_kit.launch.backends.slurm import parameters
+from slurm_ddp_kit.launch.code import CodeCopy
 from slurm_ddp_kit.launch.executor import (
     job_of,
     keep_logs_private,
@@ -37,7 +39,7 @@ def executor(cfg: Config, run_dir: Path) -> submitit.SlurmExecutor:
         folder=logs_folder(run_dir), max_num_timeout=cfg.cluster.max_requeues,
         python=task_python(cfg),
     )  # fmt: skip
-    asked = parameters(cfg, run_dir.name)
+    asked = parameters(cfg, run_dir.name, code_from=run_dir)
     log.debug("sbatch parameters: %s", asked)
     made.update_parameters(**asked)
     return made
@@ -95,7 +97,11 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 
 
 def sweep(
-    backend: Backend, cfgs: list[Config], commands: list[list[str]], parallel: int | None
+    backend: Backend,
+    cfgs: list[Config],
+    commands: list[list[str]],
+    parallel: int | None,
+    code: CodeCopy,
 ) -> Iterator[tuple[Path, submitit.Job[Any]]]:
     """One array per allocation shape and MaxArraySize runs (`_arrays`), each made,
     submitted and recorded in turn; an array Slurm refuses takes its run folders with it, and
@@ -107,7 +113,7 @@ def sweep(
     held.hold()
     try:
         for start, end in _arrays(cfgs, slurm.max_array_size() or len(cfgs)):
-            part = _array_folders(backend, cfgs[start:end], commands[start:end], held)
+            part = _array_folders(backend, cfgs[start:end], commands[start:end], held, code)
             if held.signum is not None:  # the caller says how many went in
                 _discard_array(part, made)
                 break
@@ -148,16 +154,22 @@ def _allocation(cfg: Config) -> str:
 
 
 def _array_folders(
-    backend: Backend, cfgs: list[Config], commands: list[list[str]], held: HeldSignals
+    backend: Backend,
+    cfgs: list[Config],
+    commands: list[list[str]],
+    held: HeldSignals,
+    code: CodeCopy,
 ) -> list[Path]:
-    """An array's run folders, made until a signal comes (a second one: none left behind)."""
+    """An array's run folders, each with the sweep's code copy, made until a signal comes (a
+    second one, or a copy that fails: none left behind)."""
     part: list[Path] = []
     try:
         for cfg, command in zip(cfgs, commands, strict=True):
             if held.signum is not None:
                 break
             part.append(runfolder.create(cfg, "launch sweep", backend.name, command))
-    except KeyboardInterrupt:
+            code.give(part[-1])
+    except (KeyboardInterrupt, SnapshotError):
         _discard_array(part, [])
         raise
     return part
@@ -194,7 +206,7 @@ def _array_executor(
     shape = cfgs[0]
     keep_logs_private(logs)
     made = submitit.SlurmExecutor(folder=logs, max_num_timeout=most, python=task_python(shape))
-    made.update_parameters(**parameters(shape, f"sweep-{first.name}"))
+    made.update_parameters(**parameters(shape, f"sweep-{first.name}", code_from=first))
     # No --parallel: every element may run at once (submitit's own default caps an array at 256).
     made.update_parameters(array_parallelism=parallel or len(cfgs))
     return made

@@ -1,0 +1,59 @@
+"""The code a submission's jobs run (`core.snapshot`): planned before any file is made, copied
+into the first run folder, and shared by hard links with a sweep's others."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from slurm_ddp_kit.core import container, snapshot
+from slurm_ddp_kit.core.settings.schema import Config
+
+
+class CodeCopy:
+    """One snapshot for the runs of one submission. Made from the first run's settings: a
+    sweep's grid points share their code, whatever else they vary."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.planned = snapshot.plan(cfg)  # a refusal (code.snapshot=on, over the limit) first
+        self.first: Path | None = None
+
+    def give(self, run_dir: Path) -> None:
+        """The run folder's code/: copied for the first run, linked to it for the others."""
+        if self.first is None:
+            snapshot.take(run_dir, self.planned)
+            self.first = run_dir
+        else:
+            snapshot.share(self.first, run_dir)
+
+
+def job_setup(cfg: Config, code_from: Path | None) -> list[str]:
+    """The shell lines a batch job runs before its tasks start: the container's, then those
+    that start the tasks in the code copy of `code_from` (a run folder; none before one is made,
+    as in a dry run), then the user's cluster.setup (which may add to PYTHONPATH)."""
+    copy = snapshot.setup_lines(code_from) if code_from else []
+    return [*container.setup_lines(cfg), *copy, *cfg.cluster.setup]
+
+
+@contextlib.contextmanager
+def started_in_copy(run_dir: Path) -> Iterator[None]:
+    """While inside, this process is in the run's code copy, its PYTHONPATH the copy's
+    (`snapshot.job_paths`), so that a process started here (the local controller) and its
+    tasks run the copy; as it was after. Nothing changes for a run without a copy."""
+    if not snapshot.copied(run_dir):
+        yield
+        return
+    workdir, pythonpath = snapshot.job_paths(run_dir)
+    here, saved = os.getcwd(), os.environ.get("PYTHONPATH")
+    os.chdir(workdir)
+    os.environ["PYTHONPATH"] = os.pathsep.join(pythonpath)
+    try:
+        yield
+    finally:
+        os.chdir(here)
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
