@@ -362,3 +362,48 @@ def test_largest_model_search_finds_the_widest_gpt_that_trains(tmp_path: Path, m
     with torch.device("meta"):
         model = build("gpt", (256,), 512, ModelConfig("gpt", width=widest, depth=6, heads=8))
     assert summary["largest_model_parameters"] == sum(p.numel() for p in model.parameters())
+
+
+# A user's program that keeps its GPU busy for a few seconds from a process of its own (as a
+# DataLoader worker or a spawned rank would), then logs nothing: all it says is sampled from outside.
+BUSY_PROGRAM = """
+import multiprocessing as mp, time, torch
+
+def busy():
+    a = torch.randn(4096, 4096, device="cuda")
+    end = time.perf_counter() + 4
+    while time.perf_counter() < end:
+        for _ in range(20):
+            a = a @ a
+            a = a / a.norm()
+        torch.cuda.synchronize()
+
+if __name__ == "__main__":
+    child = mp.get_context("spawn").Process(target=busy)
+    child.start()
+    child.join()
+    raise SystemExit(child.exitcode)
+"""
+
+
+def test_a_programs_gpu_is_sampled_from_outside_and_tabled(tmp_path: Path) -> None:
+    """A program on one GPU, its work in a process it started: the task finds the card by the
+    program's processes and records its use, the program's memory and the energy, which
+    `summarize` puts in the program's group."""
+    script = tmp_path / "busy.py"
+    script.write_text(BUSY_PROGRAM)
+    done = kit(
+        "launch", "submit", "--mode", "ddp", "cluster.backend=local", "cluster.gpus_per_node=1",
+        f"output.root={tmp_path}/runs", "--wait", "--", "python", str(script), timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = run_folder(done.stdout)
+    summary = records(run_dir)[-1]
+    (card,) = summary["gpus"]
+    assert card["util_pct"] > 50 and card["util_samples"] >= 4, card
+    assert card["nvml_used_mb_peak"] >= 64 and card["energy_j"] > 0, card
+    table = kit("analysis", "summarize", str(tmp_path / "runs")).stdout
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.count("|") > 2}
+    for metric in ("GPU util main card", "peak memory main card", "energy per run"):
+        found = next(line for name, line in rows.items() if name.startswith(metric))
+        assert "n/m" not in found, table

@@ -519,3 +519,67 @@ def test_what_a_program_logged_is_read_defensively(example_runs: Made, tmp_path:
         f"note {run.name}: rank 0's last `loss` is {reprlib.repr(10**400)}, not a finite "
         "number: n/m",
     ]
+
+
+class _StandInNvml:
+    """NVML's calls the outside sampler makes, for two cards, on a machine without any: card 1
+    runs `pids` (their memory 512 MiB each), busy at 80 %; its energy counter moves 1 J a call."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids, self.energy = pids, 0
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetComputeRunningProcesses(self, card: int) -> list[object]:
+        found = self.pids if card == 1 else [os.getpid()]  # card 0: someone else's
+        return [type("P", (), {"pid": pid, "usedGpuMemory": 512 << 20})() for pid in found]
+
+    def nvmlDeviceGetUtilizationRates(self, card: int) -> object:
+        return type("U", (), {"gpu": 80})()
+
+    def nvmlDeviceGetName(self, card: int) -> str:
+        return f"Card {card}"
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, card: int) -> int:
+        self.energy += 1000
+        return self.energy
+
+
+def test_the_outside_sampler_finds_a_programs_card_by_its_processes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A program whose GPU work runs in a process it started (a shell's child here): the card
+    that lists that process is the program's, sampled from when it was found; a card of other
+    processes is not. Its figures are a summary's `gpus` entry. (NVML stood in for: this machine
+    has no GPU; test_gpu.py runs the same on a real one.)"""
+    from slurm_ddp_kit.train import outside
+
+    program = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
+    try:
+        assert wait_for(lambda: bool(outside.processes.descendants(program.pid)), 10)
+        (worker,) = outside.processes.descendants(program.pid)
+        nvml = _StandInNvml([worker])
+        monkeypatch.setitem(sys.modules, "pynvml", nvml)
+        sampler = outside.OutsideSampler(program.pid, interval_s=3600)  # sampled by hand
+        for _ in range(3):
+            sampler.sample()
+        (card,) = sampler.close()
+    finally:
+        program.kill()
+        program.wait()
+    assert card == {
+        "cuda_index": None, "name": "Card 1", "util_pct": 80.0, "util_samples": 3,
+        "nvml_used_mb_peak": 512.0, "energy_j": 1.0,
+    }  # fmt: skip
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML here: no figure, no failure
+    assert outside.OutsideSampler(os.getpid()).close() == []

@@ -47,8 +47,8 @@ ACCURACY_NAMES = ("test_accuracy", "accuracy")
 LOSS_NAMES = ("test_loss", "loss")
 EPOCH_NAME = "epoch"
 
-# GPU figures the kit could sample from outside a program (NVML); n/m until it does. The
-# allocator's figures are left out: only the program's own process can read them.
+# GPU figures the kit samples from outside a program (NVML, `train.outside`); n/m where it could
+# not. The allocator's figures are left out: only the program's own process can read them.
 _OUTSIDE = ("util_pct_main", "util_pct_other", "nvml_used_mb_peak_main", "nvml_used_mb_peak_other")
 _GPU_FIGURES = (
     *(f for f in FIGURES if f.column in _OUTSIDE),

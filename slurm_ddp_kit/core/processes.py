@@ -48,6 +48,23 @@ def signal_all(pids: list[int], signum: int) -> None:
             os.kill(pid, signum)
 
 
+def descendants(pid: int) -> set[int]:
+    """The live processes `pid` started, and theirs, read from /proc at once (none without it)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        fields = stat(int(entry)) if entry.isdigit() else None
+        if fields:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found: set[int] = set()
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        if child not in found:
+            found.add(child)
+            todo.extend(children.get(child, []))
+    return found
+
+
 def identity(pid: int) -> str | None:
     """What tells a process from a later one given the same PID: the boot and the process's start
     time; None where /proc cannot tell (not Linux, or gone)."""

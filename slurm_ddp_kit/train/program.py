@@ -35,6 +35,7 @@ from slurm_ddp_kit.core.errors import KitError
 from slurm_ddp_kit.core.settings.loading import program_arguments
 from slurm_ddp_kit.core.settings.schema import Config
 from slurm_ddp_kit.train import distenv, early
+from slurm_ddp_kit.train.outside import OutsideSampler
 
 log = logging.getLogger("train")
 
@@ -66,8 +67,10 @@ def run(run_dir: str) -> dict[str, Any]:
     records.write("start", **_start_fields(cfg, env, argv, started))
     saved_before = _newest(checkpoints)
     child = _start(argv, _environment(env, folder, checkpoints, records.path, stop_file))
+    sampler = OutsideSampler(child.pid)  # the cards it uses, seen from here (`train.outside`)
     stop = _follow(cfg, child, stop_file)
     seconds = time.time() - started
+    gpus = sampler.close()
     if stop and child.returncode in (0, -stop):  # saved and exited, or ended by the signal
         saved = _newest(checkpoints) > saved_before
         return _stopped(cfg, env, folder, records, stop, saved, before)
@@ -78,7 +81,8 @@ def run(run_dir: str) -> dict[str, Any]:
             traceback_tail=_last_words(),
         )  # fmt: skip
         raise ProgramError(f"rank {env.rank}: {words}")
-    return records.write("summary", total_seconds=seconds, exit_code=0, program=argv)
+    cards = {"gpus": gpus} if gpus else {}
+    return records.write("summary", total_seconds=seconds, exit_code=0, program=argv, **cards)
 
 
 def _with_port(env: distenv.DistEnv, run_dir: Path) -> distenv.DistEnv:
