@@ -439,7 +439,7 @@ def test_a_hostile_record_is_skipped_with_one_warning_by_every_reader(
         ("launch", "logs", str(bad)),
         ("launch", "cancel", str(bad)),
     ):
-        runfolder._warned.clear()  # a process of its own would warn anew
+        runfolder.layout._warned.clear()  # a process of its own would warn anew
         done = kit_here(*command)
         assert done.returncode == 0 and "Traceback" not in done.stderr, (command, done.stderr)
         warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
@@ -469,7 +469,7 @@ def test_a_file_named_as_a_rank_that_is_none_is_named(
     (stray.parent / "notes.txt").write_text("a user's own file: not the kit's to speak of\n")
     said = f"warning: {stray.parent}: rank-99999999999.jsonl skipped: no rank of this run"
     for command in (("launch", "status", str(run_dir)), ("analysis", "summarize", str(run_dir))):
-        runfolder._warned.clear()  # a process of its own would warn anew
+        runfolder.layout._warned.clear()  # a process of its own would warn anew
         done = kit_here(*command)
         assert done.returncode == 0, done.stderr
         assert [line for line in done.stderr.splitlines() if "warning" in line] == [
@@ -500,7 +500,7 @@ def test_a_metrics_folder_that_cannot_be_read_is_a_warning(
             ("launch", "cancel", str(run_dir)),
             ("analysis", "summarize", str(run_dir)),
         ):
-            runfolder._warned.clear()  # a process of its own would warn anew
+            runfolder.layout._warned.clear()  # a process of its own would warn anew
             done = kit_here(*command)
             assert "Traceback" not in done.stderr and done.returncode in (0, 1, 2), done.stderr
             said = f"warning: {metrics}" in done.stderr and "cannot be read (" in done.stderr

@@ -26,7 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from slurm_ddp_kit.core import runfolder, slurm
+from slurm_ddp_kit.core import runfolder
+
+# Aliased: once the backends load, this package's own name `slurm` is its Slurm backend module.
+from slurm_ddp_kit.core import slurm as slurm_commands
 from slurm_ddp_kit.core.errors import KitError
 from slurm_ddp_kit.core.settings import schema
 from slurm_ddp_kit.core.settings.schema import Config
@@ -249,7 +252,7 @@ def chosen(cfg: Config) -> Backend:
     else this machine."""
     name = cfg.cluster.backend
     if name == schema.Backend.auto:
-        name = schema.Backend.slurm if slurm.available() else schema.Backend.local
+        name = schema.Backend.slurm if slurm_commands.available() else schema.Backend.local
     return _registry()[name.value]
 
 
