@@ -10,30 +10,15 @@ import shutil
 import stat
 from pathlib import Path
 
-from slurm_ddp_kit.core.runfolder.layout import (
-    CHECKPOINT,
-    CLAIM,
-    CODE,
-    CODE_MANIFEST,
-    LOGS,
-    META,
-    METRICS,
-    PROGRAM_CHECKPOINTS,
-    SHARDS,
-    SRUN_LOG,
-    STATE,
-    STORE_PORT,
-    SWEEPS,
-    RunFolderError,
-)
+from slurm_ddp_kit.core.runfolder import layout
 
 
 def checkpoint_path(run_dir: Path) -> Path:
-    return run_dir / CHECKPOINT
+    return run_dir / layout.CHECKPOINT
 
 
 def state_path(run_dir: Path) -> Path:
-    return run_dir / STATE
+    return run_dir / layout.STATE
 
 
 def saved_state(run_dir: Path) -> Path | None:
@@ -46,11 +31,11 @@ def saved_state(run_dir: Path) -> Path | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as err:
-        raise RunFolderError(
+        raise layout.RunFolderError(
             f"{path} cannot be read ({err.strerror}): the run cannot resume"
         ) from None
     if not stat.S_ISREG(mode):
-        raise RunFolderError(
+        raise layout.RunFolderError(
             f"{path} is not a regular file (a folder, a pipe, a link …), so the run cannot resume from "
             "it: remove it to start the run over, or start a new run"
         )
@@ -59,33 +44,33 @@ def saved_state(run_dir: Path) -> Path | None:
 
 def program_checkpoints(run_dir: Path) -> Path:
     """A user's program's checkpoint folder, made, reached through no link (`no_links`)."""
-    folder = no_links(run_dir, run_dir / PROGRAM_CHECKPOINTS)
+    folder = no_links(run_dir, run_dir / layout.PROGRAM_CHECKPOINTS)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
 def shards_path(run_dir: Path, name: str) -> Path:
-    return run_dir / SHARDS / name
+    return run_dir / layout.SHARDS / name
 
 
 def drop_other_shards(run_dir: Path, keep: str) -> None:
     """After state.pt names `keep`: the folders of earlier saves, and of any save that died before
     its state.pt, go (the one named stays whole until a later state.pt names another)."""
-    for folder in no_links(run_dir, run_dir / SHARDS).glob("*"):
+    for folder in no_links(run_dir, run_dir / layout.SHARDS).glob("*"):
         if folder.name != keep:
             shutil.rmtree(folder, ignore_errors=True)
 
 
 def code_dir(run_dir: Path) -> Path:
-    return run_dir / CODE
+    return run_dir / layout.CODE
 
 
 def code_manifest(run_dir: Path) -> Path:
-    return run_dir / CODE_MANIFEST
+    return run_dir / layout.CODE_MANIFEST
 
 
 def logs_dir(run_dir: Path) -> Path:
-    return run_dir / LOGS
+    return run_dir / layout.LOGS
 
 
 def logs_to_write(run_dir: Path) -> Path:
@@ -97,7 +82,14 @@ def check_writable(run_dir: Path) -> None:
     """Before a job is submitted into an existing run folder (`launch resume`): no symbolic link
     where the job writes (see `no_links`), so that it is refused now, before anything is written,
     rather than in the job."""
-    for name in (CLAIM, META, LOGS, METRICS, os.path.dirname(STATE), SHARDS):
+    for name in (
+        layout.CLAIM,
+        layout.META,
+        layout.LOGS,
+        layout.METRICS,
+        os.path.dirname(layout.STATE),
+        layout.SHARDS,
+    ):
         _no_links_in(run_dir, run_dir / name)
 
 
@@ -123,7 +115,7 @@ def no_links(run_dir: Path, path: Path) -> Path:
     for part in path.relative_to(run_dir).parts:
         current = current / part
         if current.is_symlink():
-            raise RunFolderError(
+            raise layout.RunFolderError(
                 f"{current} is a symbolic link: the kit writes only inside the run folder, never "
                 "through a link; remove it (the kit makes what it needs), then run the command again"
             )
@@ -144,7 +136,7 @@ def open_inside(run_dir: Path, path: Path, flags: int, mode: int = 0o666) -> int
 
 def sweep_logs_dir(first_run: Path) -> Path:
     """A sweep's array writes every element's logs into one folder beside its run folders."""
-    return first_run.parent / SWEEPS / first_run.name
+    return first_run.parent / layout.SWEEPS / first_run.name
 
 
 def sbatch_log_pattern(run_dir: Path) -> str:
@@ -159,7 +151,7 @@ def shell_assignments(run_dir: Path) -> str:
     values = {
         "run_dir": str(run_dir),
         "rank_log": sbatch_log_pattern(run_dir),
-        "srun_log": str(logs_dir(run_dir) / SRUN_LOG),
+        "srun_log": str(logs_dir(run_dir) / layout.SRUN_LOG),
     }
     return "".join(f"{name}={shlex.quote(value)}\n" for name, value in values.items())
 
@@ -188,4 +180,4 @@ def forget_store_port(run_dir: Path, job_id: str) -> None:
 
 
 def _store_port_path(run_dir: Path, job_id: str) -> Path:
-    return run_dir / LOGS / STORE_PORT.format(job=job_id)
+    return run_dir / layout.LOGS / layout.STORE_PORT.format(job=job_id)

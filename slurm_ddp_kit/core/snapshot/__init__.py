@@ -135,14 +135,7 @@ def take(run_dir: Path, planned: Plan) -> None:
     """Copy the planned code into the run folder's code/, then write its manifest (atomically,
     last: a code/ without one was cut short, and is never used). Where the plan copies nothing,
     the manifest says why (and a copy that was too large is said in one warning line)."""
-    code = runfolder.code_dir(run_dir)
-    try:
-        code.mkdir()  # never into an existing copy: a run's code is made once
-    except OSError as err:
-        raise SnapshotError(
-            f"could not make {code}: {err.strerror or err}; the code is copied once, into a new "
-            "run folder: start a new run"
-        ) from None
+    code = _new_code_dir(run_dir)
     try:
         if planned.copies:
             counted = [_copy_part(code, part) for part in planned.parts]
@@ -223,20 +216,14 @@ def share(source_run: Path, run_dir: Path) -> None:
     same files, so a sweep of 100 runs copies the bytes once (a copy where the two lie on
     different file systems). The manifest comes last, as in `take`. A job that writes into a
     file of its copy writes into every run's: the copies are for reading."""
-    source, code = runfolder.code_dir(source_run), runfolder.code_dir(run_dir)
+    source = runfolder.code_dir(source_run)
     manifest = runfolder.code_manifest(source_run)
     if read_manifest(source_run) is None:
         raise SnapshotError(
             f"{source_run} holds no whole code snapshot to share (no {manifest.name}): take one "
             "for this run instead"
         )
-    try:
-        code.mkdir()  # never into an existing copy, as `take`
-    except OSError as err:
-        raise SnapshotError(
-            f"could not make {code}: {err.strerror or err}; the code is copied once, into a new "
-            "run folder: start a new run"
-        ) from None
+    code = _new_code_dir(run_dir)
     try:
         for rel, kind in _walk_copy(source):
             target = code / rel
@@ -292,3 +279,16 @@ def _link_or_copy(source: Path, target: Path) -> None:
                 f"{source} was removed or replaced while it was shared: a run folder's code is "
                 "not to be edited; start the sweep anew"
             ) from None
+
+
+def _new_code_dir(run_dir: Path) -> Path:
+    """The run folder's code/, made now: never into an existing copy (a run's code is made once)."""
+    code = runfolder.code_dir(run_dir)
+    try:
+        code.mkdir()
+    except OSError as err:
+        raise SnapshotError(
+            f"could not make {code}: {err.strerror or err}; the code is copied once, into a new "
+            "run folder: start a new run"
+        ) from None
+    return code
