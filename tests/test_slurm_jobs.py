@@ -626,14 +626,15 @@ def test_wait_says_why_a_job_that_cannot_start_waits(
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal would
     ) as waiting:
         assert waiting.stdout is not None
-        silent = threading.Timer(60, waiting.send_signal, [signal.SIGINT])  # no third line
+        silent = threading.Timer(60, waiting.send_signal, [signal.SIGINT])  # no fourth line
         silent.start()
-        lines = [waiting.stdout.readline() for _ in range(3)]
+        lines = [waiting.stdout.readline() for _ in range(4)]  # job, run folder, code, pending
         silent.cancel()
         waiting.send_signal(signal.SIGINT)
         assert waiting.wait(timeout=30) == 130
     run_dir = run_folder("".join(lines))
-    pending = lines[2]
+    assert lines[2].startswith(f"code: the copy made at submission ({run_dir}/code: "), lines
+    pending = lines[3]
     assert "pending: PartitionNodeLimit: it will not start as asked" in pending, lines
     assert f"python -m launch cancel {run_dir}" in pending
     status = kit("launch", "status", str(run_dir)).stdout.splitlines()[1].split()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from slurm_ddp_kit.core import container, snapshot
@@ -29,12 +29,12 @@ class CodeCopy:
             snapshot.share(self.first, run_dir)
 
 
-def job_setup(cfg: Config, code_from: Path | None) -> list[str]:
+def job_setup(cfg: Config, copy_lines: Sequence[str] = ()) -> list[str]:
     """The shell lines a batch job runs before its tasks start: the container's, then those
-    that start the tasks in the code copy of `code_from` (a run folder; none before one is made,
-    as in a dry run), then the user's cluster.setup (which may add to PYTHONPATH)."""
-    copy = snapshot.setup_lines(code_from) if code_from else []
-    return [*container.setup_lines(cfg), *copy, *cfg.cluster.setup]
+    that start the tasks in the run's code copy (`snapshot.setup_lines`; a dry run's:
+    `snapshot.planned_setup_lines`), then the user's cluster.setup (which may add to
+    PYTHONPATH)."""
+    return [*container.setup_lines(cfg), *copy_lines, *cfg.cluster.setup]
 
 
 @contextlib.contextmanager

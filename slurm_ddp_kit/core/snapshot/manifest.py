@@ -224,7 +224,22 @@ def setup_lines(run_dir: Path) -> list[str]:
     the copy from its first line; none without a snapshot (the live checkout runs)."""
     if not copied(run_dir):
         return []
-    workdir, pythonpath = job_paths(run_dir)
+    return _lines(*job_paths(run_dir))
+
+
+def planned_setup_lines(planned: Plan, run_dir: Path) -> list[str]:
+    """The `setup_lines` of a run folder not made yet, given the snapshot it would get: what a
+    dry run shows (the same lines, the same order, as `job_paths` will give)."""
+    if not planned.copies:
+        return []
+    code = runfolder.code_dir(run_dir)
+    copy = _mapped(planned, "")
+    mapped = {e: str(code / m) for e in planned.pythonpath if (m := _mapped(planned, e))}
+    pythonpath = [str(code / KIT), *(mapped.get(e, e) for e in planned.pythonpath)]
+    return _lines(code / copy if copy else Path.cwd(), list(dict.fromkeys(pythonpath)))
+
+
+def _lines(workdir: Path, pythonpath: list[str]) -> list[str]:
     return [
         f"cd {shlex.quote(str(workdir))}",
         f"export PYTHONPATH={shlex.quote(os.pathsep.join(pythonpath))}",

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurm_ddp_kit.core import container, runfolder, slurm, strategies
+from slurm_ddp_kit.core import container, runfolder, slurm, snapshot, strategies
 from slurm_ddp_kit.core.cli import interrupt_word
 from slurm_ddp_kit.core.settings import schema
 from slurm_ddp_kit.core.settings.rules import cpus_per_task, signal_delay_s, tasks_per_node
@@ -172,9 +172,10 @@ class Slurm(Backend):
         """The executor's parameters, then the exact batch script."""
         from slurm_ddp_kit.launch.backends import slurm_submit
 
-        params = parameters(cfg, run_dir.name)
+        copy_lines = snapshot.planned_setup_lines(snapshot.plan(cfg), run_dir)
+        params = parameters(cfg, run_dir.name, copy_lines)
         lines = [f"  {k}: {v}" for k, v in sorted(params.items())]
-        script = slurm_submit.script(cfg, run_dir)
+        script = slurm_submit.script(cfg, run_dir, copy_lines)
         return (
             "backend: slurm (submitit SlurmExecutor)\nparameters:\n"
             + "\n".join(lines)
@@ -235,9 +236,9 @@ def _word(state: str) -> str:
 # --- what goes to sbatch --------------------------------------------------------------------
 
 
-def parameters(cfg: Config, run_name: str, code_from: Path | None = None) -> dict[str, Any]:
+def parameters(cfg: Config, run_name: str, copy_lines: Sequence[str] = ()) -> dict[str, Any]:
     """SlurmExecutor parameters; DP is one task holding the node's GPUs, DDP one task per GPU.
-    `code_from`: the run folder whose code copy the tasks start in (`launch.code.job_setup`)."""
+    `copy_lines`: those that start the tasks in the run's code copy (`launch.code.job_setup`)."""
     c = cfg.cluster
     typed = f"{c.gpu_type}:" if c.gpu_type else ""  # a cluster's GPU model: gpu:a100:4
     gpus = (
@@ -258,7 +259,7 @@ def parameters(cfg: Config, run_name: str, code_from: Path | None = None) -> dic
         "cpus_per_task": cpus_per_task(cfg),
         "time": c.timeout_min,
         "signal_delay_s": signal_delay_s(cfg),
-        "setup": [slurm.BATCH_START, *job_setup(cfg, code_from)],
+        "setup": [slurm.BATCH_START, *job_setup(cfg, copy_lines)],
         # One rank failing ends the job, not a hang. A typed --gpus-per-task reaches the step
         # untyped: under Slurm 22.05 a step that inherits `a100:1` is bound to no GPU at all
         # (measured on the test cluster); the allocation already holds the type.

@@ -8,13 +8,13 @@ import contextlib
 import io
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import submitit
 
-from slurm_ddp_kit.core import runfolder, slurm
+from slurm_ddp_kit.core import runfolder, slurm, snapshot
 from slurm_ddp_kit.core.cli import HeldSignals, Interrupted
 from slurm_ddp_kit.core.settings.schema import Config
 from slurm_ddp_kit.core.snapshot import SnapshotError
@@ -31,7 +31,9 @@ from slurm_ddp_kit.launch.executor import (
 )
 
 
-def executor(cfg: Config, run_dir: Path) -> submitit.SlurmExecutor:
+def executor(
+    cfg: Config, run_dir: Path, copy_lines: Sequence[str] | None = None
+) -> submitit.SlurmExecutor:
     """A run's executor. submitit's count of requeues (its max_num_timeout) falls only in the
     handler the kit calls, after its own checks (`train.stopping.not_requeued`): the kit
     decides."""
@@ -39,7 +41,8 @@ def executor(cfg: Config, run_dir: Path) -> submitit.SlurmExecutor:
         folder=logs_folder(run_dir), max_num_timeout=cfg.cluster.max_requeues,
         python=task_python(cfg),
     )  # fmt: skip
-    asked = parameters(cfg, run_dir.name, code_from=run_dir)
+    copy = snapshot.setup_lines(run_dir) if copy_lines is None else copy_lines
+    asked = parameters(cfg, run_dir.name, copy)
     log.debug("sbatch parameters: %s", asked)
     made.update_parameters(**asked)
     return made
@@ -52,15 +55,15 @@ echo "Submitted batch job 1"
 """
 
 
-def script(cfg: Config, run_dir: Path) -> str:
+def script(cfg: Config, run_dir: Path, copy_lines: Sequence[str]) -> str:
     """The batch script a submission would hand to sbatch, in a scratch folder named back to
-    the run's."""
+    the run's; `copy_lines`: the run's code copy's, as it would be made."""
     with (
         tempfile.TemporaryDirectory(prefix="kit-dry-run-") as scratch,
         stand_in_sbatch(Path(scratch)) as captured,
     ):
         folder = Path(scratch) / "run"
-        made = executor(cfg, folder)
+        made = executor(cfg, folder, copy_lines)
         made.update_parameters(job_name=f"kit-{run_dir.name}")
         made.submit(job_of(cfg), str(run_dir))
         return captured.read_text().replace(str(folder), str(run_dir))
@@ -197,7 +200,11 @@ def _array(
 
 
 def _array_executor(
-    cfgs: list[Config], logs: Path, first: Path, parallel: int | None
+    cfgs: list[Config],
+    logs: Path,
+    first: Path,
+    parallel: int | None,
+    copy_lines: Sequence[str] | None = None,
 ) -> submitit.SlurmExecutor:
     """One array's executor (its elements ask for one allocation alike: `_arrays`), its
     elements started as every job's tasks are."""
@@ -206,7 +213,8 @@ def _array_executor(
     shape = cfgs[0]
     keep_logs_private(logs)
     made = submitit.SlurmExecutor(folder=logs, max_num_timeout=most, python=task_python(shape))
-    made.update_parameters(**parameters(shape, f"sweep-{first.name}", code_from=first))
+    copy = snapshot.setup_lines(first) if copy_lines is None else copy_lines  # the first run's copy
+    made.update_parameters(**parameters(shape, f"sweep-{first.name}", copy))
     # No --parallel: every element may run at once (submitit's own default caps an array at 256).
     made.update_parameters(array_parallelism=parallel or len(cfgs))
     return made
@@ -228,6 +236,7 @@ def _array_script(cfgs: list[Config], run_dirs: list[Path], parallel: int | None
         stand_in_sbatch(Path(scratch)) as captured,
     ):
         logs = Path(scratch) / "logs"
-        made = _array_executor(cfgs, logs, run_dirs[0], parallel)
+        copy_lines = snapshot.planned_setup_lines(snapshot.plan(cfgs[0]), run_dirs[0])
+        made = _array_executor(cfgs, logs, run_dirs[0], parallel, copy_lines)
         made.map_array(job_of(cfgs[0], element=True), [str(d) for d in run_dirs])
         return captured.read_text().replace(str(logs), str(runfolder.sweep_logs_dir(run_dirs[0])))
