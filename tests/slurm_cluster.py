@@ -18,12 +18,12 @@ import subprocess
 import time
 from pathlib import Path
 
-from slurm_ddp_kit.core import slurm
+from slurm_ddp_kit.core import slurmtext
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "slurm" / "testcluster"
 
-FINAL_STATES = slurm.ENDED  # after which a job never changes again
+FINAL_STATES = slurmtext.ENDED  # after which a job never changes again
 PREFIX_VARIABLE = "TESTCLUSTER_SLURM_PREFIX"
 
 

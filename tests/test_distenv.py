@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import submitit
 
-from slurm_ddp_kit.core import slurm
+from slurm_ddp_kit.core import slurmtext
 from slurm_ddp_kit.core.settings.loading import load_config
 from slurm_ddp_kit.train.distenv import (
     PICK_PORT,
@@ -230,10 +230,10 @@ def test_the_hostlist_reader_agrees_with_python_hostlist() -> None:
     oracle = pytest.importorskip("hostlist")
     for nodelist in random_hostlists(500):
         expected = oracle.expand_hostlist(nodelist, allow_duplicates=True)
-        assert slurm.hostnames(nodelist) == expected, nodelist
-        assert slurm.first_host(nodelist) == expected[0], nodelist
+        assert slurmtext.hostnames(nodelist) == expected, nodelist
+        assert slurmtext.first_host(nodelist) == expected[0], nodelist
     for bad in ("n[3-1]", "n[1-2", "n1-2]", "n[a-b]", "n[[1-2]]"):
         with pytest.raises(oracle.BadHostlist):
             oracle.expand_hostlist(bad)
         with pytest.raises(ValueError):
-            slurm.hostnames(bad)
+            slurmtext.hostnames(bad)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_ddp_kit.core.slurm import parse_sacct
+from slurm_ddp_kit.core.slurmtext import parse_sacct
 
 SACCT = """\
 JobID|State|Elapsed|NodeList
@@ -48,13 +48,13 @@ def test_parse_sacct_of_nothing_is_empty(text: str) -> None:
 def test_an_array_element_that_never_started_takes_its_arrays_record() -> None:
     """Accounting has no row for a pending element: the array's pending record (`J_[3-9%2]`,
     `J_[1,4-5]`) stands for it; an element outside it, or of another array, finds none."""
-    from slurm_ddp_kit.core.slurm import JobState, _array_records, _unstarted
+    from slurm_ddp_kit.core.slurmtext import JobState, array_records, unstarted
 
     cancelled = JobState("CANCELLED", "00:00:00", "-")
     accounted = {"70_0": JobState("COMPLETED", "00:01:00", "n1"), "70_[3-9%2]": cancelled,
                  "71_[1,4-5]": cancelled}  # fmt: skip
-    arrays = _array_records(accounted)
-    found = {job: _unstarted(job, arrays) for job in ("70_3", "70_9", "70_2", "71_5", "71_3")}
+    arrays = array_records(accounted)
+    found = {job: unstarted(job, arrays) for job in ("70_3", "70_9", "70_2", "71_5", "71_3")}
     assert found == {"70_3": cancelled, "70_9": cancelled, "70_2": None, "71_5": cancelled,
                      "71_3": None}  # fmt: skip
-    assert _unstarted("70", arrays) is None  # a plain job id is no element
+    assert unstarted("70", arrays) is None  # a plain job id is no element

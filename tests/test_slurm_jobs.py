@@ -652,7 +652,7 @@ HOSTLISTS = [
 def test_the_hostlist_reader_expands_as_slurm_does(slurm_cluster: SlurmCluster) -> None:
     """Slurm's whole grammar (several brackets per name, zero padding, commas and spaces),
     checked against `scontrol show hostnames`, on lists written by hand and made at random; the first host is the one MASTER_ADDR names."""
-    from slurm_ddp_kit.core.slurm import first_host, hostnames
+    from slurm_ddp_kit.core.slurmtext import first_host, hostnames
 
     for nodelist in HOSTLISTS + random_hostlists(20, slurm_accepts=True):
         shown = slurm_cluster.run("scontrol", "show", "hostnames", nodelist)

@@ -11,7 +11,7 @@ from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_ddp_kit.core import runfolder, slurm
+from slurm_ddp_kit.core import runfolder, slurmtext
 from slurm_ddp_kit.core.runfolder import failures
 from slurm_ddp_kit.core.settings.rules import world_size
 from slurm_ddp_kit.launch import backends
@@ -68,7 +68,7 @@ def status(run_dir: Path, seen: backends.Seen | None = None) -> RunStatus:
 
 def still_held(state: str) -> bool:
     """Whether a run's job, in `status`'s word, still holds or waits for its allocation."""
-    return state in slurm.LIVE - {"STOPPED"} or state == SIGSTOPPED
+    return state in slurmtext.LIVE - {"STOPPED"} or state == SIGSTOPPED
 
 
 def diverged_epoch(records: list[dict[str, Any]]) -> int | None:

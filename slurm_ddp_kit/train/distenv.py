@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from slurm_ddp_kit.core import slurm, strategies, submitted
+from slurm_ddp_kit.core import slurmtext, strategies, submitted
 from slurm_ddp_kit.core.errors import KitError
 from slurm_ddp_kit.core.settings.rules import world_size
 from slurm_ddp_kit.core.settings.schema import Config
@@ -136,7 +136,7 @@ def port_for_job(job_id: str) -> int:
 def first_host(nodelist: str) -> str:
     """First host of a Slurm hostlist: 'node[003-004,010],gpu1' → 'node003'."""
     try:
-        return slurm.first_host(nodelist)
+        return slurmtext.first_host(nodelist)
     except ValueError:
         raise DistEnvError(
             f"cannot read the Slurm node list {nodelist!r}: start the ranks with srun inside "

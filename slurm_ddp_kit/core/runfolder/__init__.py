@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from slurm_ddp_kit.core import processes, slurm
+from slurm_ddp_kit.core import processes, slurmtext
 from slurm_ddp_kit.core.runfolder.checks import MAX_RANKS, misfit_fields
 from slurm_ddp_kit.core.runfolder.layout import (
     CHECKPOINT,
@@ -418,7 +418,7 @@ def _misfit_job_ids(meta: dict[str, Any]) -> str:
     """'' where every job id run.json names is a Slurm job id (a local job's PID is digits too):
     they become Slurm commands' arguments and log files' names, and a run folder is data."""
     for job in [meta.get("job_id"), *meta.get("jobs", [])]:
-        if job is not None and not (isinstance(job, str | int) and slurm.is_job_id(str(job))):
+        if job is not None and not (isinstance(job, str | int) and slurmtext.is_job_id(str(job))):
             return (
                 f"its job id {job!r} is not a Slurm job id (digits, or J_K for an array's "
                 "element): nothing was passed to Slurm; put the job's own id back, or start a "

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from slurm_ddp_kit.core import slurm
+from slurm_ddp_kit.core import slurmtext
 from slurm_ddp_kit.core.errors import KitError
 from slurm_ddp_kit.core.runfolder import (
     ENDS,
@@ -39,7 +39,7 @@ def first_failure(run_dir: Path) -> dict[str, Any] | None:
     """
     views = {rank: read_rank(run_dir, rank) for rank in rank_files(run_dir, _ranks(run_dir))}
     errors = [r for view in views.values() for r in of_kind(view, "error")]
-    ended = slurm.first_bad_exit(srun_output(run_dir))
+    ended = slurmtext.first_bad_exit(srun_output(run_dir))
     if ended and ended.by_signal:
         return _ended_by_slurm(views, ended)
     primary = [r for r in errors if not lost_peer(r)]
@@ -83,7 +83,9 @@ def _ranks(run_dir: Path) -> int:
         return MAX_RANKS
 
 
-def _ended_by_slurm(views: dict[int, list[dict[str, Any]]], ended: slurm.TaskEnd) -> dict[str, Any]:
+def _ended_by_slurm(
+    views: dict[int, list[dict[str, Any]]], ended: slurmtext.TaskEnd
+) -> dict[str, Any]:
     rank = ended.tasks[0]
     start = (of_kind(views.get(rank, []), "start") or [{}])[-1]
     own = of_kind(views.get(rank, []), "error")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurm_ddp_kit.core import container, runfolder, slurm, snapshot, strategies
+from slurm_ddp_kit.core import container, runfolder, slurm, slurmtext, snapshot, strategies
 from slurm_ddp_kit.core.cli import interrupt_word
 from slurm_ddp_kit.core.settings import schema
 from slurm_ddp_kit.core.settings.rules import cpus_per_task, signal_delay_s, tasks_per_node
@@ -133,7 +133,7 @@ class Slurm(Backend):
         if found is None:  # Slurm did not answer for it: the run folder tells
             return None
         return SchedulerState(
-            _word(found.state), found.elapsed, found.nodes, found.state in slurm.ENDED
+            _word(found.state), found.elapsed, found.nodes, found.state in slurmtext.ENDED
         )
 
     def unanswered(self, alive: bool) -> str:
