@@ -9,8 +9,9 @@ from pathlib import Path
 
 # Neither imports pandas at the top: it loads while other processes read the runs (load_runs).
 from slurm_ddp_kit.analysis.cache import path_for as cache_path
+from slurm_ddp_kit.analysis.formats import FORMATS
 from slurm_ddp_kit.analysis.load import load_runs, resolve_run_dirs
-from slurm_ddp_kit.analysis.table import FORMATS, Group, group_runs
+from slurm_ddp_kit.analysis.table import Group, group_runs
 from slurm_ddp_kit.core.cli import ArgumentParser, add_common_flags, main_of, printable
 from slurm_ddp_kit.core.errors import KitError
 

@@ -12,10 +12,8 @@ command is its setting, and its figures are those the kit can read from outside 
 
 from __future__ import annotations
 
-import io
-import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,13 +25,24 @@ from slurm_ddp_kit.core import strategies
 if TYPE_CHECKING:  # imported where used: the command line is parsed, and runs are being read
     import pandas as pd  # by other processes, while this one loads pandas
 
-# Every column the table can show (`analysis.load.strategy_key`), in its order: from the strategies.
+
+# Every column the table can show (`analysis.labels.strategy_key`), in its order: from the strategies.
 COLUMNS = {column.key: column for column in strategies.columns()}
+
+
 LABELS = {key: column.label for key, column in COLUMNS.items()}
+
+
 # The article's comparison, always shown: DDP against DP; every other column is held to DDP.
 REFERENCE, BASELINE = (key for key, column in COLUMNS.items() if column.always_shown)
+
+
 SHOWN = (REFERENCE, BASELINE)
+
+
 COMPARISON = f"{BASELINE}_vs_{REFERENCE}"  # the improvement column's key in csv/json
+
+
 NM = "n/m"  # not measured
 
 
@@ -97,7 +106,7 @@ def _train_groups(runs: pd.DataFrame) -> tuple[list[Group], list[str]]:
         groups.append(
             Group(
                 number,
-                {k: _plain(v) for k, v in zip(keys, key, strict=True)},
+                {k: plain(v) for k, v in zip(keys, key, strict=True)},
                 pd.concat([frame, matched]),
                 _medians(frame, matched, FIGURES),
             )
@@ -115,7 +124,7 @@ def _program_groups(programs: pd.DataFrame, first: int) -> list[Group]:
     return [
         Group(
             number,
-            {k: _plain(v) for k, v in zip(keys, key, strict=True)},
+            {k: plain(v) for k, v in zip(keys, key, strict=True)},
             frame,
             _medians(frame, programs.iloc[:0], PROGRAM_FIGURES),
             TASK,
@@ -202,7 +211,7 @@ def comparison(
     return ddp - dp, figure.unit, f"{ddp - dp:+.{figure.digits}f}"
 
 
-def _number(figure: Figure, value: float) -> str:
+def number_text(figure: Figure, value: float) -> str:
     return NM if math.isnan(value) else f"{value:.{figure.digits}f}"
 
 
@@ -337,7 +346,7 @@ def measured(group: Group) -> tuple[list[Figure], list[Figure]]:
     return some, none
 
 
-def _runs_line(group: Group) -> str:
+def runs_line(group: Group) -> str:
     shown = headings(group)
     parts = [f"{shown[mode]}: {_ids(group.run_ids(mode))}" for mode in group.columns]
     line = "Runs used: " + "; ".join(parts)
@@ -361,111 +370,14 @@ def _search_batch(group: Group, task: str) -> str:
     return f" (at a global batch of {', '.join(f'{b:.0f}' for b in sorted(batches))})"
 
 
-def to_markdown(groups: list[Group]) -> str:
-    """A heading and a GitHub Markdown table per group."""
-    return "\n\n".join(_markdown_group(group) for group in groups) + "\n"
-
-
-def _markdown_group(group: Group) -> str:
-    lines = [f"## {heading(group)}", "", _runs_line(group), ""]
-    shown = headings(group)
-    lines += [
-        "| " + " | ".join(["metric", *shown.values()]) + " |",
-        "|---|" + "---:|" * len(group.columns) + "---|" * (len(shown) - len(group.columns)),
-    ]
-    some, none = measured(group)
-    for figure in some:
-        texts = [text for _, _, text in _cells(group, figure).values()]
-        lines.append("| " + " | ".join([figure.label, *texts]) + " |")
-    reached = any(math.isfinite(v) for v in group.runs.get("tta_epoch", []))
-    unreached = [] if reached else [f for f in none if f.column in TIME_TO_ACCURACY]
-    if unreached:  # measured, but no run got there
-        target = f"{100 * group.key['target_accuracy']:g} %"
-        lines += ["", f"No run here reached the target accuracy ({target}): time to it left out."]
-    if others := [f for f in none if f not in unreached]:
-        names = ", ".join(dict.fromkeys(f.name for f in others))
-        lines += ["", f"Not measured by any run here, so left out (null in csv/json): {names}."]
-    if said := notes(group):
-        lines += ["", *said]
-    return "\n".join(lines)
-
-
-def _cells(group: Group, figure: Figure) -> dict[str, tuple[float, str, str]]:
-    """One figure's cells as (number, unit, text): each strategy's, DDP against DP, then each
-    other strategy against DDP."""
-    values = {mode: group.medians[mode][figure.column] for mode in group.columns}
-    cells = {mode: (value, figure.unit, _number(figure, value)) for mode, value in values.items()}
-    names = (label(group, REFERENCE), label(group, BASELINE))
-    cells[COMPARISON] = comparison(figure, values[REFERENCE], values[BASELINE], names)
-    for mode in group.columns[len(SHOWN) :]:
-        names = (label(group, BASELINE), label(group, mode))
-        cells[versus(mode)] = comparison(figure, values[BASELINE], values[mode], names)
-    return cells
-
-
 def versus(mode: str) -> str:
     """The key of a column's comparison with the baseline (DDP) in csv/json."""
     return f"{mode}_vs_{BASELINE}"
 
 
-def tidy(groups: list[Group]) -> pd.DataFrame:
-    """One record per (group, figure, mode or comparison): numbers as numbers, units apart."""
-    import pandas as pd
-
-    return pd.DataFrame([record for group in groups for record in _group_records(group)])
-
-
-def _group_records(group: Group) -> list[dict[str, Any]]:
-    runs = {mode: len(group.run_ids(mode)) for mode in group.columns}
-    runs[COMPARISON] = runs[REFERENCE] + runs[BASELINE]
-    runs |= {versus(mode): runs[BASELINE] + runs[mode] for mode in group.columns[len(SHOWN) :]}
-    shown = headings(group)
-    return [
-        {"group": group.number, "metric": figure.column, "label": figure.label, "mode": mode}
-        | {"column": shown[mode], "value": value, "unit": unit, "text": text}
-        | {"runs": runs[mode], **group.key}
-        for figure in figures(group)
-        for mode, (value, unit, text) in _cells(group, figure).items()
-    ]
-
-
-def to_csv(groups: list[Group]) -> str:
-    buffer = io.StringIO()
-    tidy(groups).to_csv(buffer, index=False)
-    return buffer.getvalue()
-
-
-def to_json(groups: list[Group]) -> str:
-    """{"groups": each group's settings and run ids, once; "records": the tidy records}.
-
-    Not-measured figures are null, never NaN or 0.
-    """
-    records = [{k: _plain(v) for k, v in r.items()} for r in tidy(groups).to_dict("records")]
-    described = [
-        {"group": g.number, **{k: _plain(v) for k, v in g.key.items()}}
-        | {"run_ids": {mode: g.run_ids(mode) for mode in g.columns}}
-        | {
-            f"{task}_run_ids": {mode: g.run_ids(mode, task) for mode in g.columns}
-            for task in SEARCHES
-        }
-        | {"notes": notes(g)}
-        for g in groups
-    ]
-    return (
-        json.dumps({"groups": described, "records": records}, indent=1, ensure_ascii=False) + "\n"
-    )
-
-
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """Plain values: numpy scalars become Python numbers, whole floats ints, NaN becomes null."""
     value = value.item() if hasattr(value, "item") else value
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return None if isinstance(value, float) and math.isnan(value) else value
-
-
-FORMATS: dict[str, Callable[[list[Group]], str]] = {
-    "markdown": to_markdown,
-    "csv": to_csv,
-    "json": to_json,
-}
