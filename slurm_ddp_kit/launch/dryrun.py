@@ -21,5 +21,6 @@ def dry_run(cfg: Config) -> str:
     if cfg.program:
         head += f"program in each task: {shlex.join(program_arguments(cfg))}\n"
     # The copy is made with the run folder; the batch script then starts the tasks in it.
-    head += snapshot.describe_plan(snapshot.plan(cfg)) + "\n"
-    return head + backend.dry_run(cfg, run_dir)
+    planned = snapshot.plan(cfg)  # once: it lists and stats the repository's files
+    head += snapshot.describe_plan(planned) + "\n"
+    return head + backend.dry_run(cfg, run_dir, planned)

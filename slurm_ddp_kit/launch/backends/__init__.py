@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from slurm_ddp_kit.core import runfolder
+from slurm_ddp_kit.core import runfolder, snapshot
 
 # Aliased: once the backends load, this package's own name `slurm` is its Slurm backend module.
 from slurm_ddp_kit.core import slurm as slurm_commands
@@ -212,8 +212,9 @@ class Backend(abc.ABC):
     # --- dry runs and sweeps -------------------------------------------------------------------
 
     @abc.abstractmethod
-    def dry_run(self, cfg: Config, run_dir: Path) -> str:
-        """The dry run's text past the run folder: the backend, and what it would be handed."""
+    def dry_run(self, cfg: Config, run_dir: Path, planned: snapshot.Plan) -> str:
+        """The dry run's text past the run folder: the backend, and what it would be handed
+        (`planned`: the code copy the run would get, planned once by the caller)."""
 
     @abc.abstractmethod
     def sweep(

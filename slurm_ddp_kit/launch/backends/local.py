@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurm_ddp_kit.core import container, processes, runfolder
+from slurm_ddp_kit.core import container, processes, runfolder, snapshot
 from slurm_ddp_kit.core.cli import HeldSignals, Interrupted
 from slurm_ddp_kit.core.runfolder import failures
 from slurm_ddp_kit.core.settings import rules, schema
@@ -159,7 +159,7 @@ class Local(Backend):
         wait_end(run_dir)  # tasks a second Ctrl-C kept the controller from ending
         return f"{word}: cancelled local job {job.job_id}; {continue_words(run_dir)}"
 
-    def dry_run(self, cfg: Config, run_dir: Path) -> str:
+    def dry_run(self, cfg: Config, run_dir: Path, planned: snapshot.Plan) -> str:
         return (
             f"backend: local (submitit LocalExecutor)\ntasks: {rules.world_size(cfg)}\n"
             f"timeout_min: {cfg.cluster.timeout_min}\nlogs: {runfolder.logs_dir(run_dir)}\n"

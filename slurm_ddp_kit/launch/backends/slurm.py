@@ -168,11 +168,11 @@ class Slurm(Backend):
             f"`python -m launch status {run_dir}`, `python -m launch cancel {run_dir}`"
         )
 
-    def dry_run(self, cfg: Config, run_dir: Path) -> str:
+    def dry_run(self, cfg: Config, run_dir: Path, planned: snapshot.Plan) -> str:
         """The executor's parameters, then the exact batch script."""
         from slurm_ddp_kit.launch.backends import slurm_submit
 
-        copy_lines = snapshot.planned_setup_lines(snapshot.plan(cfg), run_dir)
+        copy_lines = snapshot.planned_setup_lines(planned, run_dir)
         params = parameters(cfg, run_dir.name, copy_lines)
         lines = [f"  {k}: {v}" for k, v in sorted(params.items())]
         script = slurm_submit.script(cfg, run_dir, copy_lines)
