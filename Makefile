@@ -28,7 +28,7 @@ install: $(STAMP)
 	@echo "installed: $(abspath $(PY)) (torch $$($(PY) -c 'import torch; print(torch.__version__)'))"
 
 test: $(STAMP) slurm-packages lint
-	$(PY) -m pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=25
+	$(PY) -m pytest -n 6 --dist loadfile --no-loadscope-reorder --durations=25
 ifneq ($(strip $(SLURM_SOURCE)),)
 	$(MAKE) --no-print-directory test-slurm-source
 endif

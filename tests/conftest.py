@@ -222,28 +222,31 @@ def _small_runs(tmp: Path) -> dict[str, tuple[str, str]]:
 
 
 # The order files are handed out in: with `--dist loadfile` a worker takes the next file in
-# collection order as it frees, so a long file collected last would run on after the rest. Four
-# workers on two cores: the two files that mostly wait on Slurm (time limits, a node given up)
-# start beside two that keep the CPU busy, then the rest longest first; the short files left at
-# the end even out the workers' finishing times. (Seconds per file in a `make test` of
-# 2026-12-03 in brackets.)
+# collection order as it frees, so a long file collected last would run on after the rest. Six
+# workers on two cores: the files that mostly wait on Slurm (time limits, requeues, a node given
+# up) start beside two that keep the CPU busy, then the rest longest first; the short files left
+# at the end even out the workers' finishing times. (Seconds per file, summed over its tests, in
+# a whole suite of 2026-12-07: docs/benchmarks/test-suite.md.)
 LONGEST_FIRST = (
-    "test_netns",  # 383, waits
-    "test_requeue",  # 314, waits
-    "test_strategies",  # 99, CPU
-    "test_workloads_script",  # 112 with two ranks a job, CPU
-    "test_slurm_jobs",  # 215
-    "test_failures",  # 164
-    "test_strategies_resume",  # 117
-    "test_workloads",  # 104
-    "test_resume",  # 99
-    "test_sweep",  # (test_units: 77, its local sweeps the most of it)
-    "test_local_jobs",  # 55
-    "test_bad_input",  # 52
-    "test_interrupt",  # 46
-    "test_maxbatch",  # 45
-    "test_benchmark_script",  # 36
-    "test_signals",  # 23
+    "test_requeue",  # 442, waits
+    "test_netns",  # 359, waits
+    "test_failures",  # 293, waits
+    "test_slurm_jobs",  # 271, waits
+    "test_workloads_script",  # 194, CPU
+    "test_strategies_resume",  # 193, CPU
+    "test_program",  # 186
+    "test_strategies",  # 180
+    "test_workloads",  # 164
+    "test_interrupt",  # 143
+    "test_resume",  # 102
+    "test_bad_input",  # 94
+    "test_compile_cache",  # 94
+    "test_summarize_speed",  # 75
+    "test_sweep",
+    "test_local_jobs",
+    "test_maxbatch",
+    "test_benchmark_script",
+    "test_signals",
 )
 
 

@@ -8,6 +8,7 @@ from slurm_ddp_kit.train import early
 
 if "run" in sys.argv[1:]:  # a job's process: its warning or preemption may come during imports
     early.hold()
+    early.pause_gc()  # until the rank has started (`train.job`)
 
 import argparse
 from collections.abc import Callable, Sequence

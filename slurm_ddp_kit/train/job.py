@@ -224,6 +224,7 @@ def _setup(
     ctx.lap("process_group")
     if dynamo:  # its remainder counts with the model, as it did when DDP's constructor waited
         dynamo.join()
+    early.resume_gc()  # the imports are done
     return ctx
 
 

@@ -51,6 +51,7 @@ def run(run_dir: str) -> dict[str, Any]:
     (`launch.executor.ProgramRun`), or started by srun in the sbatch scripts (`python -m train
     run`)."""
     started = time.time()
+    early.resume_gc()  # this process imports little more: it follows the program's
     folder = Path(run_dir)
     cfg = runfolder.load_job_config(folder)
     env = distenv.detect(port=cfg.dist.port)

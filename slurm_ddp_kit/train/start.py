@@ -10,6 +10,7 @@ from slurm_ddp_kit.train import early
 early.hold()
 early.end_with_controller()
 early.interrupt_once()
+early.pause_gc()  # until the rank has started (`train.job`)
 
 import runpy  # noqa: E402  (after the signals are held)
 import sys  # noqa: E402
