@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from kit import REPO, kit, run_folder, wait_for
+from kit import REPO, kit, records, run_folder, wait_for
 from slurm_cluster import SlurmCluster
+from test_container import apptainer_env
 
 # Waits for a flag file (the test edits the project first), then says which code it imported;
 # its first attempt fails on purpose, so that the run can be resumed.
@@ -22,7 +23,8 @@ while not os.path.exists(sys.argv[1]):
     time.sleep(0.1)
 import helper, slurm_ddp_kit
 print("ran", helper.VERSION, os.path.realpath(helper.__file__),
-      os.path.realpath(slurm_ddp_kit.__file__), os.path.realpath(os.getcwd()), flush=True)
+      os.path.realpath(slurm_ddp_kit.__file__), os.path.realpath(os.getcwd()),
+      os.path.realpath(__file__), flush=True)
 tried = os.path.join(os.environ["KIT_RUN_DIR"], "tried")
 if not os.path.exists(tried):
     open(tried, "w").close()
@@ -73,17 +75,21 @@ def _state(run_dir: Path, env: dict[str, str] | None = None) -> str:
     return next(row.split()[4] for row in rows if row.split()[0] == run_dir.name)
 
 
-def _edit_then_run(repo: Path, settings: list[str], env: dict[str, str] | None = None) -> Path:
-    """Submit the project's program, edit helper.py once the job is queued, then let the
-    program go on; returns the run folder once its first attempt has ended."""
+def _edit_then_run(
+    repo: Path, settings: list[str], env: dict[str, str] | None = None, script: str = "train.py"
+) -> Path:
+    """Submit the project's program (`script`), edit helper.py and train.py once the job is
+    queued, then let the program go on; returns the run folder once its first attempt has
+    ended."""
     flag = repo.parent / "go"
     said = _launch(repo, "submit", "--mode", "ddp", "cluster.gpus_per_node=1", *settings,
-                   f"output.root={repo}/runs", "--", "python", "train.py", str(flag), env=env)  # fmt: skip
+                   f"output.root={repo}/runs", "--", "python", script, str(flag), env=env)  # fmt: skip
     run_dir = run_folder(said)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True)
     copy = f"code: the copy made at submission ({run_dir}/code: "
     assert copy in said and f"; project {repo} at git {head.stdout[:7]}, copied " in said, said
     (repo / "helper.py").write_text("VERSION = 2\n")  # the checkout moves on
+    (repo / "train.py").write_text("raise SystemExit('the edited train.py ran')\n")
     flag.touch()
     assert wait_for(lambda: _state(run_dir, env) == "FAILED", 240), _state(run_dir, env)
     return run_dir
@@ -96,6 +102,7 @@ def _assert_ran_the_copy(run_dir: Path, env: dict[str, str] | None = None) -> No
         str(code / "project" / "helper.py"),
         str(code / "kit" / "slurm_ddp_kit" / "__init__.py"),
         str(code / "project"),
+        str(code / "project" / "train.py"),
     ]
 
 
@@ -111,6 +118,31 @@ def test_a_local_job_and_its_resume_run_the_code_of_the_submission(tmp_path: Pat
     assert f"code: the copy made at submission ({run_dir}/code: " in resumed, resumed
     _assert_ran_the_copy(run_dir)
     assert (repo / "helper.py").read_text() == "VERSION = 2\n"
+
+
+def test_a_program_named_by_its_absolute_path_runs_from_the_copy(tmp_path: Path) -> None:
+    """`python /…/project/train.py`: the script the copy holds runs, not the edited one."""
+    repo = _project(tmp_path)
+    run_dir = _edit_then_run(repo, ["cluster.backend=local"], script=str(repo / "train.py"))
+    _assert_ran_the_copy(run_dir)
+    assert records(run_dir)[0]["program"][1] == str(run_dir / "code" / "project" / "train.py")
+
+
+def test_a_container_job_runs_the_code_of_the_submission(tmp_path: Path) -> None:
+    """Inside a container (a stand-in `apptainer`, `tests/test_container.py`): the task starts
+    in the copy, which output.root's mount brings in, and imports it."""
+    repo = _project(tmp_path)
+    image = tmp_path / "pytorch.sif"
+    image.touch()
+    env = apptainer_env(tmp_path)
+    settings = ["cluster.backend=local", f"cluster.container.image={image}",
+                f"cluster.container.python={sys.executable}"]  # fmt: skip
+    run_dir = _edit_then_run(repo, settings, env)
+    _assert_ran_the_copy(run_dir, env)
+    words = (tmp_path / "apptainer.log").read_text().splitlines()[0]
+    code = run_dir / "code"
+    pythonpath = f"{code}/kit:{REPO}:{code}/project"  # the launching one's, the project's copied
+    assert f" --env=PYTHONPATH={pythonpath} --pwd={code}/project " in words, words
 
 
 def test_without_a_copy_the_job_runs_the_checkout_and_says_so(tmp_path: Path) -> None:
@@ -161,6 +193,7 @@ def test_a_slurm_job_and_the_sbatch_scripts_run_the_code_of_the_submission(
 
     # The sbatch script's job: its copy is made as it starts, before the program reads helper.
     (repo / "helper.py").write_text("VERSION = 1\n")
+    (repo / "train.py").write_text(PROGRAM)
     flag = tmp_path / "go-batch"
     batch = slurm_cluster.run(
         "sbatch", "--parsable", "--cpus-per-task=1", "--ntasks-per-node=1", "--gpus-per-node=1",

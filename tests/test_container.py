@@ -25,7 +25,12 @@ echo "$*" >> "$APPTAINER_LOG"
 [[ $1 == exec ]] || { echo "FATAL: only exec" >&2; exit 255; }
 shift
 while [[ $1 == -* ]]; do
-    case $1 in --env=*) export "${1#--env=}" ;; --bind=* | --nv) ;; *) exit 255 ;; esac
+    case $1 in
+        --env=*) export "${1#--env=}" ;;
+        --pwd=*) cd "${1#--pwd=}" || exit 255 ;;
+        --bind=* | --nv) ;;
+        *) exit 255 ;;
+    esac
     shift
 done
 [[ -e $1 ]] || { echo "FATAL: could not open image $1" >&2; exit 255; }
@@ -36,6 +41,10 @@ exec "$@"
 
 @pytest.fixture
 def apptainer(tmp_path: Path) -> dict[str, str]:
+    return apptainer_env(tmp_path)
+
+
+def apptainer_env(tmp_path: Path) -> dict[str, str]:
     """An environment with the stand-in first on PATH, logging to tmp_path/apptainer.log."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -57,20 +66,24 @@ def _container(tmp_path: Path, *more: str) -> list[str]:
 
 def test_a_local_job_trains_inside_apptainer(tmp_path: Path, apptainer: dict[str, str]) -> None:
     """The image's Python (here this one) runs the task; the checkout, output and data roots are
-    bound; PYTHONPATH names the checkout (the stand-in exports what --env gives it)."""
+    bound; the task starts in the run's code copy (inside output.root) and PYTHONPATH names the
+    copy's kit and its copy of the launching folder (the stand-in exports what --env gives
+    it, and starts the command in --pwd)."""
     settings = _container(tmp_path, f"cluster.container.python={sys.executable}")
     done = kit(
         "launch", "submit", "--mode", "ddp", *SMALL, "cluster.backend=local",
         "cluster.gpus_per_node=1", *settings, "--wait", env=apptainer,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert records(run_folder(done.stdout))[-1]["kind"] == "summary"
+    run_dir = run_folder(done.stdout)
+    assert records(run_dir)[-1]["kind"] == "summary"
     (words,) = (tmp_path / "apptainer.log").read_text().splitlines()
     binds = f"{REPO},{tmp_path}/runs,{tmp_path}/data"
+    code = run_dir / "code"
     assert words.startswith(
-        f"exec --nv --env=PYTHONPATH={REPO} --bind={binds} {tmp_path}/pytorch.sif "
-        f"{sys.executable} -u -m slurm_ddp_kit.train.start"
-    )
+        f"exec --nv --env=PYTHONPATH={code}/kit:{code}/project --pwd={code}/project "
+        f"--bind={binds} {tmp_path}/pytorch.sif {sys.executable} -u -m slurm_ddp_kit.train.start"
+    ), words
 
 
 PROJECT_WORKLOAD = """
@@ -113,7 +126,8 @@ def test_a_users_code_on_pythonpath_is_mounted_and_imported_inside(
     assert records(folder)[0]["dataset"] == "myproj.workload:data"
     assert records(folder, 1)[-1]["kind"] == "summary"
     words = (tmp_path / "apptainer.log").read_text().splitlines()[0]
-    assert f"--env=PYTHONPATH={REPO}:{project} " in words
+    code = folder / "code"  # the copy's kit, the project as it is (code.folders would copy it)
+    assert f"--env=PYTHONPATH={code}/kit:{project} --pwd={code}/project " in words, words
     assert f"--bind={REPO},{project},{tmp_path}/runs," in words
 
 
@@ -131,18 +145,29 @@ def test_code_folders_that_cannot_be_mounted_are_refused(tmp_path: Path) -> None
     ]
 
 
+def _dry_run_code(srun: str) -> Path:
+    """The code copy's folder of the run a dry run's srun line writes its logs into."""
+    return Path(srun.split("--output ")[1].split("/logs/")[0]) / "code"
+
+
 def test_the_dry_run_shows_the_container_on_the_srun_line(tmp_path: Path) -> None:
-    """Apptainer wraps the task's command; pyxis is srun's options, PYTHONPATH passed in."""
-    for runtime, expected in (
-        ("apptainer", f"kit-task apptainer exec --nv --env=PYTHONPATH={REPO} --bind="),
-        ("pyxis", f"--container-image={tmp_path}/pytorch.sif --container-mounts={REPO}:{REPO},"),
-    ):
+    """Apptainer wraps the task's command; pyxis is srun's options, PYTHONPATH passed in; either
+    way the task starts in the run's code copy and imports it."""
+    for runtime in ("apptainer", "pyxis"):
         settings = _container(tmp_path, f"cluster.container.runtime={runtime}")
         done = kit("launch", "submit", "--mode", "ddp", "cluster.backend=slurm", *settings,
                    "--dry-run")  # fmt: skip
         assert done.returncode == 0, done.stderr
         srun = next(line for line in done.stdout.splitlines() if line.startswith("srun "))
-        assert expected in srun and f"export PYTHONPATH={REPO}" in done.stdout
+        code = _dry_run_code(srun)
+        pythonpath = f"{code}/kit:{code}/project"
+        expected = {
+            "apptainer": f"kit-task apptainer exec --nv --env=PYTHONPATH={pythonpath} "
+            f"--pwd={code}/project --bind={REPO},",
+            "pyxis": f"--container-image={tmp_path}/pytorch.sif --container-mounts={REPO}:{REPO},",
+        }[runtime]
+        assert expected in srun and f"export PYTHONPATH={pythonpath}\n" in done.stdout, srun
+        assert (f"--container-workdir={code}/project " in srun) == (runtime == "pyxis"), srun
         assert (" python3 -u -m slurm_ddp_kit.train.start" in srun) and sys.executable not in srun
     assert not (tmp_path / "runs").exists()
 
@@ -161,7 +186,8 @@ def test_a_programs_script_folder_and_working_folder_are_mounted(tmp_path: Path)
         srun = next(line for line in done.stdout.splitlines() if line.startswith("srun "))
         bound = f"{project}:{project}" if runtime == "pyxis" else str(project)
         assert bound in srun and str(REPO) in srun, srun
-        assert (f"--container-workdir={REPO}" in srun) == (runtime == "pyxis"), srun
+        workdir = f"--container-workdir={_dry_run_code(srun)}/project "  # the copy of REPO
+        assert (workdir in srun) == (runtime == "pyxis"), srun
 
 
 def test_the_sbatch_scripts_get_the_same_words_from_prepare(tmp_path: Path) -> None:
@@ -175,7 +201,7 @@ def test_the_sbatch_scripts_get_the_same_words_from_prepare(tmp_path: Path) -> N
             f"<--container-image={tmp_path}/pytorch.sif>",
             "<python3>",
         ),
-        (_container(tmp_path), "", f"<apptainer><exec><--nv><--env=PYTHONPATH={REPO}>"),
+        (_container(tmp_path), "", "<apptainer><exec><--nv><--env=PYTHONPATH="),
     ):
         prepared = kit("launch", "prepare", "--shell", "--mode", "ddp", *settings)
         assert prepared.returncode == 0, prepared.stderr
@@ -184,12 +210,13 @@ def test_the_sbatch_scripts_get_the_same_words_from_prepare(tmp_path: Path) -> N
             capture_output=True, text=True, check=True,
         ).stdout.splitlines()  # fmt: skip
         assert shown[0].startswith(srun) and shown[1].startswith(task), (shown, prepared.stdout)
-        # A container's task gets the checkout's folders; a task without one, its run's code
-        # copy (a container runs the checkout it mounts, not a copy).
+        # Every task imports its run's code copy: pyxis's from srun's PYTHONPATH (exported for
+        # the container, then for the tasks), Apptainer's from --env.
         exports = [w for w in prepared.stdout.splitlines() if w.startswith("export PYTHONPATH=")]
-        copies = [w for w in exports if "/code/kit" in w]
+        copies = [w for w in exports if "/code/kit:" in w]
         contained = "container" in " ".join(settings)
-        assert (len(exports) - len(copies), len(copies)) == ((1, 0) if contained else (0, 1))
+        assert (len(exports), len(copies)) == ((2, 2) if contained else (1, 1)), prepared.stdout
+        assert "/code/kit:" in shown[1] or "apptainer" not in shown[1], shown
 
 
 @pytest.mark.slurm

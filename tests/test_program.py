@@ -87,7 +87,9 @@ def test_a_users_ddp_script_trains_and_its_records_are_shown(example_runs: Made)
     is in the run folder."""
     folder, done = example_runs["ddp"]
     lines = done.stdout.splitlines()
-    assert f"2 rank(s) started `{sys.executable} {EXAMPLE} --epochs 3`" in lines
+    # The script, named by its path in the checkout, runs from the run's code copy.
+    script = folder / "code" / "project" / Path(EXAMPLE).relative_to(REPO)
+    assert f"2 rank(s) started `{sys.executable} {script} --epochs 3`" in lines
     logged = [line for line in lines if line.startswith("epoch ")]
     assert [line.split(",")[0] for line in logged] == ["epoch 1", "epoch 2", "epoch 3"], lines
     assert "accuracy 1" in logged[-1] and "lr 0" in logged[-1]

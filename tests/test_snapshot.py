@@ -22,6 +22,7 @@ from slurm_ddp_kit.core import runfolder, snapshot
 from slurm_ddp_kit.core.settings.loading import load_config, to_yaml
 from slurm_ddp_kit.core.settings.schema import CodeConfig, Config, ConfigError, Snapshot
 from slurm_ddp_kit.core.snapshot import SnapshotError
+from slurm_ddp_kit.core.snapshot.sources import PACKAGE
 
 AUTO, ON, OFF = Snapshot.auto, Snapshot.on, Snapshot.off
 
@@ -458,3 +459,38 @@ def test_a_task_started_after_the_setup_lines_runs_the_copy(
     bare = tmp_path / "bare"
     bare.mkdir()
     assert snapshot.setup_lines(bare) == []
+
+
+def test_a_program_named_by_absolute_paths_runs_the_copies_the_copy_holds(
+    tmp_path: Path, repo: Path
+) -> None:
+    """The command and the Python script, where the copy holds them; other words, and paths it
+    does not hold (an ignored file, one outside the project), as given."""
+    run_dir = snap(tmp_path, repo)
+    code = snapshot.job_code(run_dir, {}, tmp_path)
+    copy = run_dir / "code" / "project"
+    argv = ["python", "-u", str(repo / "train.py"), str(repo / "pkg" / "model.py")]
+    assert snapshot.program_in_copy(code, argv) == ["python", "-u", str(copy / "train.py"),
+                                                    str(repo / "pkg" / "model.py")]  # fmt: skip
+    assert snapshot.program_in_copy(code, [str(repo / "run.sh")]) == [str(copy / "run.sh")]
+    outside = str(tmp_path / "elsewhere.py")
+    assert snapshot.program_in_copy(code, ["python", outside]) == ["python", outside]
+    assert snapshot.program_in_copy(None, ["python", str(repo / "train.py")])[1] == str(
+        repo / "train.py"
+    )
+
+
+def test_a_manifest_whose_part_leads_out_of_the_copy_maps_no_program(
+    tmp_path: Path, repo: Path
+) -> None:
+    """A crafted manifest (run folders are others' data) naming a part outside code/: refused
+    in one line, not followed."""
+    run_dir = snap(tmp_path, repo)
+    manifest = run_dir / "code" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["parts"][0]["copy"] = "../../.."
+    manifest.write_text(json.dumps(data))
+    code = snapshot.job_code(run_dir, {}, tmp_path)
+    assert code is not None
+    with pytest.raises(SnapshotError, match="not a path inside code/"):
+        snapshot.program_in_copy(code, ["python", str(PACKAGE / "__init__.py")])

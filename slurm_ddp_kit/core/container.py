@@ -4,14 +4,16 @@ Apptainer (or Singularity) wraps the task's command: `apptainer exec [--nv] --bi
 PYTHON …`. Pyxis is srun's own: `srun --container-image=IMAGE --container-mounts=… PYTHON …`.
 Either way the code the task needs (`code_folders`: the kit's checkout, the folders the user's
 factories are found in, the launching PYTHONPATH's folders; a program's script's folder and the
-working folder it starts in), output.root and data.root are mounted at the same paths, and the task's PYTHONPATH names those code folders, so the image's
-Python imports the kit and the user's code from them (the image brings torch, submitit,
-omegaconf and pandas). Both launch paths use these words: submitit's batch script, and the
-sbatch scripts through `launch prepare --shell`.
+working folder it starts in), output.root and data.root are mounted at the same paths. Where the
+run has a code copy (`core.snapshot`, inside output.root), the task starts in the copy and its
+PYTHONPATH names the copy's folders (`Inside`); without one, the mounted code folders. The image
+brings torch, submitit, omegaconf and pandas. Both launch paths use these words: submitit's batch
+script, and the sbatch scripts through `launch prepare --shell`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import shlex
@@ -22,6 +24,15 @@ from slurm_ddp_kit.core.settings.loading import program_arguments
 from slurm_ddp_kit.core.settings.schema import Config, ConfigError, ContainerRuntime
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout the job's Python imports the kit from
+
+
+@dataclasses.dataclass(frozen=True)
+class Inside:
+    """Where a task starts inside the container and its PYTHONPATH there, where the run has a code
+    copy (`launch.code.inside`): the copy, which output.root's mount brings in."""
+
+    workdir: Path
+    pythonpath: list[str]
 
 
 def used(cfg: Config) -> bool:
@@ -66,9 +77,14 @@ def code_folders(cfg: Config) -> list[str]:
     folder, say, which is no one's PYTHONPATH). A factory installed in this machine's
     site-packages is left to the image (`installed_factories`)."""
     launching = [_absolute(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return list(dict.fromkeys([str(REPO), *launching, *factory_folders(cfg)]))
+
+
+def factory_folders(cfg: Config) -> list[str]:
+    """The folders the user's factories were found in here, but for this machine's
+    site-packages (`installed_factories`)."""
     found = [root for spec in _factories(cfg) for root in _roots(spec)]
-    folders = [str(REPO), *launching, *(r for r in found if not _installed(r))]
-    return list(dict.fromkeys(folders))
+    return [root for root in found if not _installed(root)]
 
 
 def installed_factories(cfg: Config) -> list[str]:
@@ -118,29 +134,32 @@ def _absolute(path: str) -> str:
     return str(Path(path).expanduser().absolute())
 
 
-def wrapper(cfg: Config) -> list[str]:
-    """The words before the task's Python: Apptainer's `exec`; none for pyxis or no container."""
+def wrapper(cfg: Config, inside: Inside | None = None) -> list[str]:
+    """The words before the task's Python: Apptainer's `exec`; none for pyxis or no container.
+    With a code copy (`inside`), the task starts in it and imports it."""
     c = cfg.cluster.container
     if not c.image or c.runtime != ContainerRuntime.apptainer:
         return []
     nv = ["--nv"] if cfg.cluster.gpus_per_node else []  # the host's NVIDIA driver and devices
     image = c.image if "://" in c.image else _absolute(c.image)  # the task's folder may differ
+    pwd = [f"--pwd={inside.workdir}"] if inside else []
     return [
-        "apptainer", "exec", *nv, f"--env=PYTHONPATH={_pythonpath(cfg)}",
+        "apptainer", "exec", *nv, f"--env=PYTHONPATH={_pythonpath(cfg, inside)}", *pwd,
         f"--bind={','.join(mounts(cfg))}",
         *c.options, image,
     ]  # fmt: skip
 
 
-def srun_options(cfg: Config) -> list[str]:
+def srun_options(cfg: Config, inside: Inside | None = None) -> list[str]:
     """srun's options for pyxis; none otherwise."""
     c = cfg.cluster.container
     if not c.image or c.runtime != ContainerRuntime.pyxis:
         return []
     binds = ",".join(m if ":" in m else f"{m}:{m}" for m in mounts(cfg))
+    workdir = inside.workdir if inside else Path.cwd()
     return [
         f"--container-image={c.image}", f"--container-mounts={binds}",
-        f"--container-workdir={Path.cwd()}", "--container-env=PYTHONPATH", *c.options,
+        f"--container-workdir={workdir}", "--container-env=PYTHONPATH", *c.options,
     ]  # fmt: skip
 
 
@@ -149,20 +168,20 @@ def python(cfg: Config, host_python: str) -> str:
     return cfg.cluster.container.python if used(cfg) else host_python
 
 
-def setup_lines(cfg: Config) -> list[str]:
+def setup_lines(cfg: Config, inside: Inside | None = None) -> list[str]:
     """Shell lines before the tasks start: pyxis hands srun's PYTHONPATH to the container."""
-    return [f"export PYTHONPATH={shlex.quote(_pythonpath(cfg))}"] if used(cfg) else []
+    return [f"export PYTHONPATH={shlex.quote(_pythonpath(cfg, inside))}"] if used(cfg) else []
 
 
-def _pythonpath(cfg: Config) -> str:
-    return os.pathsep.join(code_folders(cfg))
+def _pythonpath(cfg: Config, inside: Inside | None) -> str:
+    return os.pathsep.join(inside.pythonpath if inside else code_folders(cfg))
 
 
-def shell_assignments(cfg: Config) -> str:
+def shell_assignments(cfg: Config, inside: Inside | None = None) -> str:
     """What `launch prepare --shell` adds for the sbatch scripts: bash arrays of srun's options and
     of the task's command before `-m train run`; empty without a container, where the script
     runs its own $KIT_PYTHON."""
-    srun = shlex.join(srun_options(cfg))
-    task = shlex.join([*wrapper(cfg), cfg.cluster.container.python]) if used(cfg) else ""
-    lines = [*setup_lines(cfg), f"container_srun=({srun})", f"task_python=({task})"]
+    srun = shlex.join(srun_options(cfg, inside))
+    task = shlex.join([*wrapper(cfg, inside), cfg.cluster.container.python]) if used(cfg) else ""
+    lines = [*setup_lines(cfg, inside), f"container_srun=({srun})", f"task_python=({task})"]
     return "".join(line + "\n" for line in lines)

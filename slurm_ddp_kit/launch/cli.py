@@ -31,7 +31,7 @@ from slurm_ddp_kit.core.settings.schema import Config, ConfigError, Requeue
 from slurm_ddp_kit.core.snapshot import SnapshotError
 from slurm_ddp_kit.core.strategies import STRATEGIES
 from slurm_ddp_kit.launch import backends, files
-from slurm_ddp_kit.launch.code import CodeCopy
+from slurm_ddp_kit.launch.code import CodeCopy, inside
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m launch") -> int:
@@ -319,8 +319,10 @@ def _prepare(args: argparse.Namespace) -> int:
         run_dir = _prepared_folder(cfg, args.launcher, job_id)
     if args.shell:  # the paths, then the task's command (inside the container, if one is set),
         # then the lines that start the tasks in the run's code copy (a requeue's too)
-        words = container.shell_assignments(cfg) + "".join(
-            f"{line}\n" for line in snapshot.setup_lines(run_dir)
+        code = snapshot.job_code(run_dir)
+        copy_lines = code.lines() if code else []
+        words = container.shell_assignments(cfg, inside(cfg, code)) + "".join(
+            f"{line}\n" for line in copy_lines
         )
         print(runfolder.shell_assignments(run_dir) + words, end="")
     else:

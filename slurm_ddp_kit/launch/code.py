@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 from slurm_ddp_kit.core import container, snapshot
@@ -29,12 +29,23 @@ class CodeCopy:
             snapshot.share(self.first, run_dir)
 
 
-def job_setup(cfg: Config, copy_lines: Sequence[str] = ()) -> list[str]:
+def job_setup(cfg: Config, code: snapshot.JobCode | None = None) -> list[str]:
     """The shell lines a batch job runs before its tasks start: the container's, then those
-    that start the tasks in the run's code copy (`snapshot.setup_lines`; a dry run's:
-    `snapshot.planned_setup_lines`), then the user's cluster.setup (which may add to
+    that start the tasks in the run's code copy (`snapshot.job_code`; a dry run's:
+    `snapshot.planned_job_code`), then the user's cluster.setup (which may add to
     PYTHONPATH)."""
-    return [*container.setup_lines(cfg), *copy_lines, *cfg.cluster.setup]
+    copy_lines = code.lines() if code else []
+    return [*container.setup_lines(cfg, inside(cfg, code)), *copy_lines, *cfg.cluster.setup]
+
+
+def inside(cfg: Config, code: snapshot.JobCode | None) -> container.Inside | None:
+    """Where a container's tasks start and what they import, where the run has a code copy: the
+    copy's folder and PYTHONPATH, then the folders the user's factories were found in that
+    PYTHONPATH does not name (their copies where the copy holds them); None otherwise."""
+    if code is None or not container.used(cfg):
+        return None
+    found = [str(code.held(folder) or folder) for folder in container.factory_folders(cfg)]
+    return container.Inside(code.workdir, list(dict.fromkeys([*code.pythonpath, *found])))
 
 
 @contextlib.contextmanager

@@ -36,11 +36,11 @@ log = logging.getLogger("kit")
 JOB_MODULE = "slurm_ddp_kit.train.job"
 
 
-def task_python(cfg: Config) -> str:
+def task_python(cfg: Config, inside: container.Inside | None = None) -> str:
     """What submitit starts in each task, ahead of its own runner: the kit's start, which holds
     the stop signals before anything loads (a warning during start-up must not end the job),
     started by the shell that ignores them until then; inside the container, if one is set."""
-    python = [*container.wrapper(cfg), container.python(cfg, sys.executable)]
+    python = [*container.wrapper(cfg, inside), container.python(cfg, sys.executable)]
     return shlex.join([*slurm.TASK_START, *python, "-u", "-m", "slurm_ddp_kit.train.start"])
 
 

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurm_ddp_kit.core import placement, runfolder, slurm, submitted
+from slurm_ddp_kit.core import placement, runfolder, slurm, snapshot, submitted
 from slurm_ddp_kit.core.errors import KitError
 from slurm_ddp_kit.core.settings.loading import program_arguments
 from slurm_ddp_kit.core.settings.schema import Config
@@ -64,7 +64,8 @@ def run(run_dir: str) -> dict[str, Any]:
         folder, runfolder.logs_dir(folder) / f".stop-{env.job_id}-{env.rank}"
     )
     stop_file.unlink(missing_ok=True)  # an earlier attempt's
-    argv = program_arguments(cfg)
+    # A script named by its absolute path runs from the run's code copy, as a relative one does.
+    argv = snapshot.program_in_copy(snapshot.job_code(folder), program_arguments(cfg))
     records.write("start", **_start_fields(cfg, env, argv, started))
     saved_before = _newest(checkpoints)
     child = _start(argv, _environment(env, folder, checkpoints, records.path, stop_file))

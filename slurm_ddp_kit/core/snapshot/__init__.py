@@ -24,22 +24,25 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from slurm_ddp_kit.core import container, runfolder
+from slurm_ddp_kit.core import runfolder
 from slurm_ddp_kit.core.settings.schema import Config, Snapshot
 from slurm_ddp_kit.core.snapshot.manifest import (
     SCHEMA,
+    JobCode,
     copied,
     describe,
     describe_plan,
+    job_code,
     job_paths,
     manifest_of,
+    planned_job_code,
     planned_setup_lines,
+    program_in_copy,
     read_manifest,
     setup_lines,
     size_words,
 )
 from slurm_ddp_kit.core.snapshot.sources import (
-    CONTAINER,
     KIT_DATA,
     MB,
     Entry,
@@ -66,16 +69,6 @@ def plan(cfg: Config, workdir: Path | None = None, pythonpath: str | None = None
     entries = path.split(os.pathsep) if path else []
     if code.snapshot == Snapshot.off:
         return Plan(code, where, entries, [], why="off")
-    if container.used(cfg):
-        # A container's tasks import the folders it mounts from the checkout (`core.container`);
-        # a copy they would not run is not made, nor said to be run.
-        if code.snapshot == Snapshot.on:
-            raise SnapshotError(
-                "code.snapshot=on with cluster.container.image: a container's tasks run the "
-                "code it mounts from where you launch, not a copy, as yet: set code.snapshot=auto "
-                "(or off) to launch, and keep the checkout unchanged until the job has started"
-            )
-        return Plan(code, where, entries, [], why=CONTAINER)
     not_code = [real_path(where, root) for root in (cfg.output.root, cfg.data.root)]
     parts = [
         kit_part(),
@@ -99,6 +92,7 @@ def plan(cfg: Config, workdir: Path | None = None, pythonpath: str | None = None
 __all__ = [
     "KIT_DATA",
     "Entry",
+    "JobCode",
     "Part",
     "Plan",
     "SnapshotError",
@@ -106,10 +100,13 @@ __all__ = [
     "describe",
     "describe_plan",
     "folder_parts",
+    "job_code",
     "job_paths",
     "kit_part",
     "plan",
+    "planned_job_code",
     "planned_setup_lines",
+    "program_in_copy",
     "project_part",
     "read_manifest",
     "setup_lines",

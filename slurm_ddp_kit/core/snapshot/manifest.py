@@ -3,6 +3,7 @@ systems), so read with a size limit, its fields checked, and every path it yield
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import errno
 import json
@@ -11,11 +12,12 @@ import re
 import shlex
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from slurm_ddp_kit.core import runfolder
+from slurm_ddp_kit.core.container import python_script
 from slurm_ddp_kit.core.snapshot.sources import (
     CONTAINER,
     FOLDERS,
@@ -187,23 +189,41 @@ def _fields(values: Any, fields: Mapping[str, tuple[type, ...]], prefix: str) ->
     return ""
 
 
-def job_paths(
+@dataclasses.dataclass(frozen=True)
+class JobCode:
+    """Where a run's tasks start and what they import, in its code copy: the copy of the
+    launching folder (or the task's own folder where the copy does not hold it), and PYTHONPATH's
+    entries, the copy's kit/ first."""
+
+    workdir: Path
+    pythonpath: list[str]
+    held: Callable[[str], Path | None]  # a launching machine's absolute path, in the copy
+
+    def lines(self) -> list[str]:
+        """The shell lines that start the tasks in the copy: they go before the tasks start
+        (the batch script's set-up), so every task's Python imports the copy from its first
+        line."""
+        return [
+            f"cd {shlex.quote(str(self.workdir))}",
+            f"export PYTHONPATH={shlex.quote(os.pathsep.join(self.pythonpath))}",
+        ]
+
+
+def job_code(
     run_dir: Path, environ: Mapping[str, str] | None = None, cwd: Path | None = None
-) -> tuple[Path, list[str]]:
-    """Where a task of the run starts and its PYTHONPATH's entries: with a snapshot, the copy of
-    the launching folder (else the task's own, `cwd`) and the copy's kit/ first, then the task's
-    own PYTHONPATH (`environ`'s) with each entry that was copied replaced by its copy. Without
-    one (code.snapshot=off, or a run made before snapshots): the task's own, unchanged.
+) -> JobCode | None:
+    """The run's `JobCode`, from its manifest; None without a copy (code.snapshot=off, or a run
+    made before snapshots): the live code runs. PYTHONPATH: the copy's kit/, then the task's own
+    (`environ`'s) with each entry that was copied replaced by its copy.
 
     Only paths inside code/ are taken from the manifest: an entry it does not map is the task's
     own (a crafted manifest cannot point the task at code the launcher never chose)."""
     environ = os.environ if environ is None else environ
-    own_dir = cwd or Path.cwd()
     own_path = environ.get("PYTHONPATH", "")
     entries = own_path.split(os.pathsep) if own_path else []
     manifest = read_manifest(run_dir)
     if manifest is None or not manifest["copied"]:
-        return own_dir, entries
+        return None
     path = runfolder.code_manifest(run_dir)
     kit = str(_inside(run_dir, KIT, path))
     mapped = {
@@ -212,38 +232,93 @@ def job_paths(
         if record["copy"] is not None
     }
     copy = manifest["workdir"]["copy"]
-    workdir = own_dir if copy is None else _inside(run_dir, copy, path)
+    workdir = (cwd or Path.cwd()) if copy is None else _inside(run_dir, copy, path)
     pythonpath = [kit, *(mapped.get(entry, entry) for entry in entries)]
-    return workdir, list(dict.fromkeys(pythonpath))  # a task's child may ask again: kit/ once
+    parts = [(part["source"], part["copy"]) for part in manifest["parts"]]
+
+    def held(source: str) -> Path | None:
+        found = _in_parts(source, parts)
+        if found is None:
+            return None
+        place = runfolder.code_dir(run_dir).joinpath(*_rel_parts(found, path))
+        return _inside(run_dir, found, path) if os.path.lexists(place) else None
+
+    # A task's child may ask again: kit/ once.
+    return JobCode(workdir, list(dict.fromkeys(pythonpath)), held)
 
 
-def setup_lines(run_dir: Path) -> list[str]:
-    """The shell lines that start a job's tasks in the copy: its folder, and its PYTHONPATH
-    (`job_paths`, from the launcher's own, which the job inherits). They go before the tasks
-    start (the batch script's set-up, the local controller's), so every task's Python imports
-    the copy from its first line; none without a snapshot (the live checkout runs)."""
-    if not copied(run_dir):
-        return []
-    return _lines(*job_paths(run_dir))
+def job_paths(
+    run_dir: Path, environ: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> tuple[Path, list[str]]:
+    """Where a task of the run starts and its PYTHONPATH's entries (`job_code`); without a copy,
+    the task's own, unchanged."""
+    code = job_code(run_dir, environ, cwd)
+    if code is not None:
+        return code.workdir, code.pythonpath
+    own_path = (os.environ if environ is None else environ).get("PYTHONPATH", "")
+    return cwd or Path.cwd(), own_path.split(os.pathsep) if own_path else []
 
 
-def planned_setup_lines(planned: Plan, run_dir: Path) -> list[str]:
-    """The `setup_lines` of a run folder not made yet, given the snapshot it would get: what a
-    dry run shows (the same lines, the same order, as `job_paths` will give)."""
+def planned_job_code(planned: Plan, run_dir: Path) -> JobCode | None:
+    """The `job_code` of a run folder not made yet, given the snapshot it would get: what a dry
+    run shows (the same paths, in the same order)."""
     if not planned.copies:
-        return []
+        return None
     code = runfolder.code_dir(run_dir)
     copy = _mapped(planned, "")
     mapped = {e: str(code / m) for e in planned.pythonpath if (m := _mapped(planned, e))}
     pythonpath = [str(code / KIT), *(mapped.get(e, e) for e in planned.pythonpath)]
-    return _lines(code / copy if copy else Path.cwd(), list(dict.fromkeys(pythonpath)))
+    parts = [(str(part.source), part.copy) for part in planned.parts]
+
+    def held(source: str) -> Path | None:
+        found = _in_parts(source, parts)
+        return None if found is None else code.joinpath(*PurePosixPath(found).parts)
+
+    workdir = code / copy if copy else Path.cwd()
+    return JobCode(workdir, list(dict.fromkeys(pythonpath)), held)
 
 
-def _lines(workdir: Path, pythonpath: list[str]) -> list[str]:
-    return [
-        f"cd {shlex.quote(str(workdir))}",
-        f"export PYTHONPATH={shlex.quote(os.pathsep.join(pythonpath))}",
-    ]
+def _in_parts(source: str, parts: list[tuple[str, str]]) -> str | None:
+    """Where the absolute `source` lies under code/ ('/'-separated), by the innermost part
+    whose source holds it; None where none does."""
+    if not os.path.isabs(source):
+        return None
+    real = os.path.realpath(source)
+    for part_source, copy in sorted(parts, key=lambda p: len(p[0]), reverse=True):
+        inside = under(real, Path(part_source))
+        if inside is not None:
+            return f"{copy}/{inside}".rstrip("/")
+    return None
+
+
+def setup_lines(run_dir: Path) -> list[str]:
+    """The shell lines that start a job's tasks in the copy (`JobCode.lines`, from the
+    launcher's own PYTHONPATH, which the job inherits); none without a snapshot."""
+    code = job_code(run_dir)
+    return code.lines() if code else []
+
+
+def planned_setup_lines(planned: Plan, run_dir: Path) -> list[str]:
+    """The `setup_lines` of a run folder not made yet, given the snapshot it would get."""
+    code = planned_job_code(planned, run_dir)
+    return code.lines() if code else []
+
+
+def program_in_copy(code: JobCode | None, argv: list[str]) -> list[str]:
+    """A program's words with its command and its Python script, where named by an absolute
+    path the copy holds, replaced by their copies (relative ones are read in the copy of the
+    launching folder already): an edit after submission changes neither."""
+    if code is None or not argv:
+        return argv
+    script = python_script(argv)
+    swapped = []
+    for at, word in enumerate(argv):
+        named = at == 0 or word == script
+        copy = code.held(word) if named else None
+        swapped.append(str(copy) if copy is not None and copy.is_file() else word)
+        if word == script:
+            script = None  # its first place only
+    return swapped
 
 
 def copied(run_dir: Path) -> bool:
@@ -256,15 +331,20 @@ def _inside(run_dir: Path, rel: str, manifest: Path) -> Path:
     """code/`rel`, where it names a folder or file inside code/ (no '..', not absolute, and
     through no link leading out of it)."""
     code = runfolder.code_dir(run_dir)
-    parts = PurePosixPath(rel).parts
-    if not parts or rel.startswith("/") or ".." in parts or "\0" in rel:
-        raise SnapshotError(_damaged(manifest, f"it names {rel[:200]!r}, not a path inside code/"))
-    path = code.joinpath(*parts)
+    path = code.joinpath(*_rel_parts(rel, manifest))
     if not Path(os.path.realpath(path)).is_relative_to(os.path.realpath(code)):
         raise SnapshotError(_damaged(manifest, f"{path} leads out of code/"))
     if not path.exists():
         raise SnapshotError(_damaged(manifest, f"{path} is not in the copy"))
     return path
+
+
+def _rel_parts(rel: str, manifest: Path) -> tuple[str, ...]:
+    """The parts of a path under code/ the manifest names: no '..', not absolute."""
+    parts = PurePosixPath(rel).parts
+    if not parts or rel.startswith("/") or ".." in parts or "\0" in rel:
+        raise SnapshotError(_damaged(manifest, f"it names {rel[:200]!r}, not a path inside code/"))
+    return parts
 
 
 def describe(run_dir: Path) -> str:

@@ -22,7 +22,8 @@ PACKAGE = Path(__file__).resolve().parents[2]  # this kit's slurm_ddp_kit/
 # code/'s parts: the kit's package copies to kit/slurm_ddp_kit, so that kit/ on PYTHONPATH
 # imports it (and nothing of the checkout's top: a `train` of its there would shadow the user's).
 KIT, PROJECT, FOLDERS = "kit", "project", "folders"
-# Why a run has no copy, besides code.snapshot=off and code.max_mb: it runs in a container.
+# Why a run made by an earlier kit has no copy, besides code.snapshot=off and code.max_mb: it
+# ran in a container (whose tasks run the copy now); read back, never written.
 CONTAINER = "container"
 
 
@@ -81,7 +82,7 @@ class Part:
 @dataclasses.dataclass
 class Plan:
     """What a submission's snapshot copies, counted; `why`: why nothing is copied ('' where it
-    is: 'off', 'over' code.max_mb, or 'container')."""
+    is: 'off', or 'over' code.max_mb)."""
 
     code: CodeConfig
     workdir: Path  # the launching folder, real

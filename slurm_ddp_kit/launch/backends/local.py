@@ -25,7 +25,7 @@ from slurm_ddp_kit.core.runfolder import failures
 from slurm_ddp_kit.core.settings import rules, schema
 from slurm_ddp_kit.core.settings.schema import Config, ConfigError, ContainerRuntime, Requeue
 from slurm_ddp_kit.launch.backends import Backend, SchedulerState, Seen, Watch
-from slurm_ddp_kit.launch.code import CodeCopy, started_in_copy
+from slurm_ddp_kit.launch.code import CodeCopy, inside, started_in_copy
 
 if TYPE_CHECKING:
     import submitit
@@ -80,13 +80,14 @@ class Local(Backend):
 
         from slurm_ddp_kit.launch.executor import logs_folder, task_python
 
-        local = submitit.LocalExecutor(folder=logs_folder(run_dir), python=task_python(cfg))
+        within = inside(cfg, snapshot.job_code(run_dir))  # a container's tasks, in the copy
+        local = submitit.LocalExecutor(folder=logs_folder(run_dir), python=task_python(cfg, within))
         local.update_parameters(
             timeout_min=cfg.cluster.timeout_min,
             tasks_per_node=rules.world_size(cfg),
             gpus_per_node=cfg.cluster.gpus_per_node if local_gpus() else 0,
             signal_delay_s=rules.signal_delay_s(cfg),
-            setup=[*container.setup_lines(cfg), *cfg.cluster.setup],
+            setup=[*container.setup_lines(cfg, within), *cfg.cluster.setup],
         )
         return local
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,7 @@ from slurm_ddp_kit.core.settings.schema import (
     Requeue,
 )
 from slurm_ddp_kit.launch.backends import Backend, JobError, SchedulerState, Seen, Watch
-from slurm_ddp_kit.launch.code import CodeCopy, job_setup
+from slurm_ddp_kit.launch.code import CodeCopy, inside, job_setup
 
 if TYPE_CHECKING:
     import submitit
@@ -172,10 +172,10 @@ class Slurm(Backend):
         """The executor's parameters, then the exact batch script."""
         from slurm_ddp_kit.launch.backends import slurm_submit
 
-        copy_lines = snapshot.planned_setup_lines(planned, run_dir)
-        params = parameters(cfg, run_dir.name, copy_lines)
+        code = snapshot.planned_job_code(planned, run_dir)
+        params = parameters(cfg, run_dir.name, code)
         lines = [f"  {k}: {v}" for k, v in sorted(params.items())]
-        script = slurm_submit.script(cfg, run_dir, copy_lines)
+        script = slurm_submit.script(cfg, run_dir, code)
         return (
             "backend: slurm (submitit SlurmExecutor)\nparameters:\n"
             + "\n".join(lines)
@@ -236,9 +236,9 @@ def _word(state: str) -> str:
 # --- what goes to sbatch --------------------------------------------------------------------
 
 
-def parameters(cfg: Config, run_name: str, copy_lines: Sequence[str] = ()) -> dict[str, Any]:
+def parameters(cfg: Config, run_name: str, code: snapshot.JobCode | None = None) -> dict[str, Any]:
     """SlurmExecutor parameters; DP is one task holding the node's GPUs, DDP one task per GPU.
-    `copy_lines`: those that start the tasks in the run's code copy (`launch.code.job_setup`)."""
+    `code`: the run's code copy, where its tasks start (`launch.code.job_setup`)."""
     c = cfg.cluster
     typed = f"{c.gpu_type}:" if c.gpu_type else ""  # a cluster's GPU model: gpu:a100:4
     gpus = (
@@ -259,7 +259,7 @@ def parameters(cfg: Config, run_name: str, copy_lines: Sequence[str] = ()) -> di
         "cpus_per_task": cpus_per_task(cfg),
         "time": c.timeout_min,
         "signal_delay_s": signal_delay_s(cfg),
-        "setup": [slurm.BATCH_START, *job_setup(cfg, copy_lines)],
+        "setup": [slurm.BATCH_START, *job_setup(cfg, code)],
         # One rank failing ends the job, not a hang. A typed --gpus-per-task reaches the step
         # untyped: under Slurm 22.05 a step that inherits `a100:1` is bound to no GPU at all
         # (measured on the test cluster); the allocation already holds the type.
@@ -269,7 +269,7 @@ def parameters(cfg: Config, run_name: str, copy_lines: Sequence[str] = ()) -> di
             "--kill-on-bad-exit=1",
             f"--cpus-per-task={cpus_per_task(cfg)}",
             *(["--gpus-per-task=1"] if "gpus_per_task" in gpus and typed else []),
-            *container.srun_options(cfg),
+            *container.srun_options(cfg, inside(cfg, code)),
         ],
         # Requeueable: on the warning signal the job saves and asks Slurm to requeue it.
         "additional_parameters": {"requeue": _REQUEUE[c.requeue], **c.sbatch_extra},

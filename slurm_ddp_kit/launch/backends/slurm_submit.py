@@ -8,7 +8,7 @@ import contextlib
 import io
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from slurm_ddp_kit.core.settings.schema import Config
 from slurm_ddp_kit.core.snapshot import SnapshotError
 from slurm_ddp_kit.launch.backends import Backend, SubmitError
 from slurm_ddp_kit.launch.backends.slurm import parameters
-from slurm_ddp_kit.launch.code import CodeCopy
+from slurm_ddp_kit.launch.code import CodeCopy, inside
 from slurm_ddp_kit.launch.executor import (
     job_of,
     keep_logs_private,
@@ -31,18 +31,19 @@ from slurm_ddp_kit.launch.executor import (
 )
 
 
-def executor(
-    cfg: Config, run_dir: Path, copy_lines: Sequence[str] | None = None
-) -> submitit.SlurmExecutor:
-    """A run's executor. submitit's count of requeues (its max_num_timeout) falls only in the
-    handler the kit calls, after its own checks (`train.stopping.not_requeued`): the kit
-    decides."""
+def executor(cfg: Config, run_dir: Path) -> submitit.SlurmExecutor:
+    """A run's executor, its tasks started in the run's code copy (if it has one)."""
+    return _executor(cfg, run_dir, snapshot.job_code(run_dir))
+
+
+def _executor(cfg: Config, run_dir: Path, code: snapshot.JobCode | None) -> submitit.SlurmExecutor:
+    """submitit's count of requeues (its max_num_timeout) falls only in the handler the kit
+    calls, after its own checks (`train.stopping.not_requeued`): the kit decides."""
     made = submitit.SlurmExecutor(
         folder=logs_folder(run_dir), max_num_timeout=cfg.cluster.max_requeues,
-        python=task_python(cfg),
+        python=task_python(cfg, inside(cfg, code)),
     )  # fmt: skip
-    copy = snapshot.setup_lines(run_dir) if copy_lines is None else copy_lines
-    asked = parameters(cfg, run_dir.name, copy)
+    asked = parameters(cfg, run_dir.name, code)
     log.debug("sbatch parameters: %s", asked)
     made.update_parameters(**asked)
     return made
@@ -55,15 +56,15 @@ echo "Submitted batch job 1"
 """
 
 
-def script(cfg: Config, run_dir: Path, copy_lines: Sequence[str]) -> str:
+def script(cfg: Config, run_dir: Path, code: snapshot.JobCode | None) -> str:
     """The batch script a submission would hand to sbatch, in a scratch folder named back to
-    the run's; `copy_lines`: the run's code copy's, as it would be made."""
+    the run's; `code`: the run's code copy, as it would be made."""
     with (
         tempfile.TemporaryDirectory(prefix="kit-dry-run-") as scratch,
         stand_in_sbatch(Path(scratch)) as captured,
     ):
         folder = Path(scratch) / "run"
-        made = executor(cfg, folder, copy_lines)
+        made = _executor(cfg, folder, code)
         made.update_parameters(job_name=f"kit-{run_dir.name}")
         made.submit(job_of(cfg), str(run_dir))
         return captured.read_text().replace(str(folder), str(run_dir))
@@ -204,7 +205,7 @@ def _array_executor(
     logs: Path,
     first: Path,
     parallel: int | None,
-    copy_lines: Sequence[str] | None = None,
+    code: snapshot.JobCode | None = None,
 ) -> submitit.SlurmExecutor:
     """One array's executor (its elements ask for one allocation alike: `_arrays`), its
     elements started as every job's tasks are."""
@@ -212,9 +213,10 @@ def _array_executor(
     most = max(c.cluster.max_requeues for c in cfgs)
     shape = cfgs[0]
     keep_logs_private(logs)
-    made = submitit.SlurmExecutor(folder=logs, max_num_timeout=most, python=task_python(shape))
-    copy = snapshot.setup_lines(first) if copy_lines is None else copy_lines  # the first run's copy
-    made.update_parameters(**parameters(shape, f"sweep-{first.name}", copy))
+    code = code or snapshot.job_code(first)  # the first run's copy, which the others share
+    python = task_python(shape, inside(shape, code))
+    made = submitit.SlurmExecutor(folder=logs, max_num_timeout=most, python=python)
+    made.update_parameters(**parameters(shape, f"sweep-{first.name}", code))
     # No --parallel: every element may run at once (submitit's own default caps an array at 256).
     made.update_parameters(array_parallelism=parallel or len(cfgs))
     return made
@@ -236,7 +238,7 @@ def _array_script(cfgs: list[Config], run_dirs: list[Path], parallel: int | None
         stand_in_sbatch(Path(scratch)) as captured,
     ):
         logs = Path(scratch) / "logs"
-        copy_lines = snapshot.planned_setup_lines(snapshot.plan(cfgs[0]), run_dirs[0])
-        made = _array_executor(cfgs, logs, run_dirs[0], parallel, copy_lines)
+        code = snapshot.planned_job_code(snapshot.plan(cfgs[0]), run_dirs[0])
+        made = _array_executor(cfgs, logs, run_dirs[0], parallel, code)
         made.map_array(job_of(cfgs[0], element=True), [str(d) for d in run_dirs])
         return captured.read_text().replace(str(logs), str(runfolder.sweep_logs_dir(run_dirs[0])))
