@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Install Debian's Slurm (controller, node daemon, clients, accounting daemon), MariaDB, iproute2
-# and nftables: everything slurm/testcluster/start.sh and the network tests need. Idempotent:
+# and nftables: everything slurm/testcluster/start.sh and the network tests need; and Environment
+# Modules, as clusters give their Pythons (tests/test_python_envs.py). Idempotent:
 # when all programs are present it only prints one line and returns at once (no apt-get at all).
 # With TESTCLUSTER_SLURM_PREFIX (a Slurm built by build-slurm.sh) its programs count, and come
 # first on PATH; the version printed is that of the Slurm on PATH.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/slurm-path.sh"
 
-PACKAGES=(slurmctld slurmd slurm-client slurmdbd mariadb-server iproute2 nftables)
+PACKAGES=(slurmctld slurmd slurm-client slurmdbd mariadb-server iproute2 nftables environment-modules)
 # One program per package: if all of them are on PATH there is nothing to do.
-PROGRAMS=(slurmctld slurmd sbatch sdiag slurmdbd mariadbd mariadb-install-db mariadb-admin ip nft)
+PROGRAMS=(slurmctld slurmd sbatch sdiag slurmdbd mariadbd mariadb-install-db mariadb-admin ip nft modulecmd)
 
 # The release on PATH (slurmctld -V prints "slurm 25.11.7" or "slurm-wlm 22.05.8"), which need
 # not be Debian's package.
