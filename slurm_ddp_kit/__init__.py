@@ -10,6 +10,7 @@ Slurm, with no side effect at import:
         ...
         kit.log(epoch=epoch, loss=loss, accuracy=accuracy)  # a record in the run folder
         if kit.stop_requested():  # the time limit is near, or the job is preempted
+            # (with several ranks: agree on it first, an all-reduce of the flag with MAX)
             save(kit.checkpoint_dir() / "last.pt")
             raise SystemExit(0)  # the kit requeues the job, which starts the program again
 

@@ -445,6 +445,32 @@ def test_cancel_ends_a_running_program_run(tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_a_stop_only_one_rank_saw_ends_every_rank_of_the_example_at_one_epoch(
+    tmp_path: Path,
+) -> None:
+    """Slurm's warning reaches each task at its own moment; here only rank 1's task has seen it
+    (its stop file, as the task writes it). The example agrees on the stop, so both ranks save and
+    end after the same epoch: none is left in a collective its peer has quit."""
+    done = submit_without_pipes(
+        tmp_path, "--mode", "ddp", "cluster.backend=local", "cluster.gpus_per_node=2",
+        f"output.root={tmp_path}/runs", "--", sys.executable, EXAMPLE, "--epochs", "50",
+        "--pause", "0.2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout
+    run_dir = run_folder(done.stdout)
+    job = json.loads((run_dir / "run.json").read_text())["job_id"]
+    rank_file = run_dir / "metrics" / "rank-00001.jsonl"
+    logged = lambda: rank_file.is_file() and any(r["kind"] == "log" for r in records(run_dir, 1))  # noqa: E731
+    assert wait_for(logged, 120), "rank 1 never logged an epoch"
+    (run_dir / "logs" / f".stop-{job}-1").touch()
+    ended = lambda: all(records(run_dir, rank)[-1]["kind"] == "summary" for rank in (0, 1))  # noqa: E731
+    assert wait_for(ended, 120), kit("launch", "logs", str(run_dir)).stdout
+    last = [[r["fields"]["epoch"] for r in records(run_dir, rank) if r["kind"] == "log"][-1]
+            for rank in (0, 1)]  # fmt: skip
+    assert last[0] == last[1] < 50, last
+    assert [records(run_dir, rank)[-1]["exit_code"] for rank in (0, 1)] == [0, 0]
+
+
 @pytest.mark.slurm
 def test_the_sbatch_script_runs_a_users_program(
     slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -84,8 +84,11 @@ def main() -> None:
                      "schedule": schedule.state_dict(), "epoch": epoch}  # fmt: skip
             torch.save(state, saved.with_suffix(".partial"))
             os.replace(saved.with_suffix(".partial"), saved)  # whole or not at all
-        dist.barrier()
-        if kit.stop_requested() and epoch < args.epochs:
+        # Every rank stops at the same epoch: the signal reaches each at its own moment, and a
+        # rank that stopped alone would leave the others waiting in their next all-reduce.
+        stop = torch.tensor(float(kit.stop_requested()), device=device)
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        if stop.item() and epoch < args.epochs:
             break  # saved: exit 0, and the kit requeues the job
     dist.destroy_process_group()
 
