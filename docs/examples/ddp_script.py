@@ -90,6 +90,7 @@ def main() -> None:
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if stop.item() and epoch < args.epochs:
             break  # saved: exit 0, and the kit requeues the job
+    dist.barrier()  # every rank's last collective done before any rank tears the group down
     dist.destroy_process_group()
 
 
