@@ -409,18 +409,23 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_cancel_ends_a_running_program_run(tmp_path: Path) -> None:
-    """`launch cancel` of a local program run in its first epochs: the job's controller, its
-    tasks and the programs they run all end, the program writes no summary, and `status` says
-    CANCELLED."""
+def _long_example_run(tmp_path: Path) -> Path:
+    """The example on two local ranks for 50 slow epochs, submitted without waiting: its folder."""
     done = submit_without_pipes(
         tmp_path, "--mode", "ddp", "cluster.backend=local", "cluster.gpus_per_node=2",
         f"output.root={tmp_path}/runs", "--", sys.executable, EXAMPLE, "--epochs", "50",
         "--pause", "0.2",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout
-    run_dir = run_folder(done.stdout)
+    return run_folder(done.stdout)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_cancel_ends_a_running_program_run(tmp_path: Path) -> None:
+    """`launch cancel` of a local program run in its first epochs: the job's controller, its
+    tasks and the programs they run all end, the program writes no summary, and `status` says
+    CANCELLED."""
+    run_dir = _long_example_run(tmp_path)
     controller = int(json.loads((run_dir / "run.json").read_text())["job_id"])
     started: list[int] = []
     try:
@@ -451,13 +456,7 @@ def test_a_stop_only_one_rank_saw_ends_every_rank_of_the_example_at_one_epoch(
     """Slurm's warning reaches each task at its own moment; here only rank 1's task has seen it
     (its stop file, as the task writes it). The example agrees on the stop, so both ranks save and
     end after the same epoch: none is left in a collective its peer has quit."""
-    done = submit_without_pipes(
-        tmp_path, "--mode", "ddp", "cluster.backend=local", "cluster.gpus_per_node=2",
-        f"output.root={tmp_path}/runs", "--", sys.executable, EXAMPLE, "--epochs", "50",
-        "--pause", "0.2",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout
-    run_dir = run_folder(done.stdout)
+    run_dir = _long_example_run(tmp_path)
     job = json.loads((run_dir / "run.json").read_text())["job_id"]
     rank_file = run_dir / "metrics" / "rank-00001.jsonl"
     logged = lambda: rank_file.is_file() and any(r["kind"] == "log" for r in records(run_dir, 1))  # noqa: E731

@@ -51,12 +51,13 @@ def inside(cfg: Config, code: snapshot.JobCode | None) -> container.Inside | Non
 @contextlib.contextmanager
 def started_in_copy(run_dir: Path) -> Iterator[None]:
     """While inside, this process is in the run's code copy, its PYTHONPATH the copy's
-    (`snapshot.job_paths`), so that a process started here (the local controller) and its
+    (`snapshot.job_code`), so that a process started here (the local controller) and its
     tasks run the copy; as it was after. Nothing changes for a run without a copy."""
-    if not snapshot.copied(run_dir):
+    code = snapshot.job_code(run_dir)  # the manifest, read once
+    if code is None:
         yield
         return
-    workdir, pythonpath = snapshot.job_paths(run_dir)
+    workdir, pythonpath = code.workdir, code.pythonpath
     here, saved = os.getcwd(), os.environ.get("PYTHONPATH")
     os.chdir(workdir)
     os.environ["PYTHONPATH"] = os.pathsep.join(pythonpath)
